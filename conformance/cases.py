@@ -1,0 +1,69 @@
+"""A Case: one call of one operation on concrete inputs, plus what it exercises.
+
+Cases hold float64 masters; ``rounded(dtype)`` gives the inputs an implementation
+receives. The oracle is always evaluated on those rounded inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from implementations._arrays import numpy_dtype
+
+ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params")
+
+
+@dataclass
+class Case:
+    op: str  # softmax | sdpa | multi_head_attention
+    inputs: dict[str, Any]  # arrays (float64 or bool) and options (axis, scale, is_causal, num_heads)
+    clauses: tuple[str, ...]  # the first one is named when the values disagree
+    label: str  # a readable id: the fixture id, or a summary of a generated case
+    mask_kind: str = "none"
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Case({self.op}: {self.label})"
+
+    def rounded(self, dtype: str) -> dict[str, Any]:
+        """Inputs as the implementation gets them: float arrays rounded to ``dtype``, booleans kept."""
+        target = numpy_dtype(dtype)
+
+        def cast(value):
+            if isinstance(value, dict):
+                return {key: cast(item) for key, item in value.items()}
+            if isinstance(value, np.ndarray) and value.dtype != np.bool_:
+                return value.astype(target)
+            return value
+
+        return {name: cast(value) for name, value in self.inputs.items()}
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        out = {}
+        for name, value in self.inputs.items():
+            if isinstance(value, np.ndarray):
+                out[name] = value.shape
+            elif isinstance(value, dict):
+                out.update({f"{name}.{key}": item.shape for key, item in value.items()})
+        return out
+
+    def options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.inputs.items() if k not in ARRAY_INPUTS}
+
+    def arrays(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in inputs.items() if k in ARRAY_INPUTS}
+
+
+def widen(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Rounded inputs widened back to float64 (exact), for the oracle and the tolerance model."""
+
+    def up(value):
+        if isinstance(value, dict):
+            return {key: up(item) for key, item in value.items()}
+        if isinstance(value, np.ndarray) and value.dtype != np.bool_:
+            return value.astype(np.float64)
+        return value
+
+    return {name: up(value) for name, value in inputs.items()}

@@ -1,0 +1,231 @@
+"""Running one case on one implementation and judging it against the oracle.
+
+``run`` contains the implementation: an exception, a wrong shape or dtype, or a
+NaN fails this case only, naming the clause it breaks. ``judge`` compares values
+with the tolerance model and explains the worst element.
+"""
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+import pytest
+
+from implementations import Implementation
+from implementations._arrays import dtype_name
+
+from . import oracle, tolerances
+from .cases import Case, widen
+from .report import CaseRecord, ConformanceFailure, failure_message, repro
+
+RECORDS: list[CaseRecord] = []  # every judged case of the session, for the report
+MAX_REPRO_ELEMENTS = 4096
+
+
+class Unsupported(Exception):
+    pass
+
+
+def expected_output(case: Case, inputs: dict, policy: str = "zeros") -> np.ndarray:
+    """The oracle's result on (rounded, widened) inputs."""
+    a = widen(inputs)
+    if case.op == "softmax":
+        return oracle.softmax(a["x"], axis=a.get("axis", -1))
+    if case.op == "sdpa":
+        return oracle.sdpa(
+            a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"),
+            fully_masked_rows_policy=policy,
+        )
+    return oracle.multi_head_attention(
+        a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False),
+        fully_masked_rows_policy=policy,
+    )
+
+
+def allowed_error(case: Case, inputs: dict, dtype: str, policy: str = "zeros") -> np.ndarray:
+    a = widen(inputs)
+    if case.op == "softmax":
+        return tolerances.softmax_allowed(a["x"], a.get("axis", -1), dtype)
+    if case.op == "sdpa":
+        return tolerances.sdpa_allowed(
+            a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"), dtype, policy
+        )
+    return tolerances.mha_allowed(
+        a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False), dtype
+    )
+
+
+class Judge:
+    """Judges cases of one implementation on one device and dtype; knows how to word a verdict."""
+
+    def __init__(self, impl: Implementation, dtype: str, device: str, test_name: str = ""):
+        self.impl, self.dtype, self.device, self.test_name = impl, dtype, device, test_name
+
+    # ------------------------------------------------------------- plumbing
+    def _snippet(self, case: Case, inputs: dict) -> str:
+        size = sum(np.size(v) for v in inputs.values() if isinstance(v, np.ndarray))
+        size += sum(np.size(x) for v in inputs.values() if isinstance(v, dict) for x in v.values())
+        if case.notes.get("fixture"):
+            return (
+                "from conformance.test_fixtures import run_fixture_repro\n"
+                f"run_fixture_repro({self.impl.spec!r}, {case.notes['fixture']!r}, {self.dtype!r}, {self.device!r})"
+            )
+        if size > MAX_REPRO_ELEMENTS:
+            return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
+        return repro(self.impl.spec, case.op, inputs, self.dtype, self.device, self.impl.fully_masked_rows)
+
+    def fail(self, clause: str, case: Case, inputs: dict, problem: str, worst: str = "", record=None):
+        __tracebackhide__ = True
+        message = failure_message(
+            clause=clause,
+            impl_name=self.impl.name,
+            case_label=case.label,
+            op=case.op,
+            dtype=self.dtype,
+            device=self.device,
+            shapes=case.shapes(),
+            mask_kind=case.mask_kind,
+            problem=problem,
+            worst=worst,
+            snippet=self._snippet(case, inputs),
+        )
+        record = record or self.record(case, clause, "failed")
+        record.status, record.message = "failed", message
+        raise ConformanceFailure(clause, message, record)
+
+    def record(self, case: Case, clause: str, status: str, **figures) -> CaseRecord:
+        rec = CaseRecord(
+            test=self.test_name,
+            implementation=self.impl.name,
+            clause=clause,
+            case=case.label,
+            op=case.op,
+            dtype=self.dtype,
+            device=self.device,
+            status=status,
+            shapes={k: list(v) for k, v in case.shapes().items()},
+            **figures,
+        )
+        RECORDS.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ run
+    def run(self, case: Case, inputs: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Call the implementation on the case's inputs rounded to the dtype. Skips if unsupported."""
+        inputs = case.rounded(self.dtype) if inputs is None else inputs
+        reason = self.impl.unsupported_reason(case.op, inputs, self.dtype, self.device)
+        if reason:
+            self.record(case, case.clauses[0], "unsupported", message=reason)
+            pytest.skip(f"unsupported: {reason}")
+        __tracebackhide__ = True
+        raised = None
+        try:
+            got = self.impl.call(case.op, case.arrays(inputs), case.options(), self.device)
+        except NotImplementedError as exc:
+            self.record(case, case.clauses[0], "unsupported", message=str(exc))
+            pytest.skip(f"unsupported: {self.impl.name} raised NotImplementedError: {exc}")
+        except Exception as exc:  # contained: this case fails, the session goes on
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            raised = f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
+        if raised:
+            self.fail(case.clauses[0], case, inputs, f"the implementation raised {raised}")
+        return self._check_contract(case, inputs, got), inputs
+
+    def _check_contract(self, case: Case, inputs: dict, got) -> np.ndarray:
+        __tracebackhide__ = True
+        want_shape = expected_output(case, inputs).shape
+        if not isinstance(got, np.ndarray):
+            self.fail("sdpa.output-shape", case, inputs, f"returned {type(got).__name__}, not an array")
+        if got.shape != want_shape:
+            clause = "mha.shapes" if case.op == "multi_head_attention" else "sdpa.output-shape"
+            self.fail(clause, case, inputs, f"output shape {got.shape}, expected {want_shape}")
+        if dtype_name(got.dtype) != self.dtype:
+            self.fail(
+                "sdpa.output-dtype", case, inputs,
+                f"output dtype {dtype_name(got.dtype)}, expected {self.dtype} (the input dtype)",
+            )
+        return got.astype(np.float64)
+
+    # ---------------------------------------------------------------- judge
+    def judge(self, case: Case, got: np.ndarray, inputs: dict, clause: str | None = None) -> CaseRecord:
+        """Compare with the oracle under the tolerance model and the declared fully-masked-row policy."""
+        __tracebackhide__ = True
+        clause = clause or case.clauses[0]
+        policy = self.impl.fully_masked_rows if case.op != "softmax" else "zeros"
+        want = expected_output(case, inputs, policy)
+        allowed = np.broadcast_to(allowed_error(case, inputs, self.dtype, policy), want.shape)
+        want_nan = np.isnan(want)
+        empty = np.zeros((), dtype=bool)
+        if case.op == "sdpa":
+            a = widen(inputs)
+            empty = oracle.fully_masked_rows(a["q"], a["k"], a.get("mask"), a.get("is_causal", False))
+            if empty.any():
+                self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
+        bad = ~np.isfinite(got) & ~want_nan
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            self.fail(
+                "sdpa.finite", case, inputs,
+                f"{int(bad.sum())} non-finite output element(s) where the oracle is finite",
+                f"index {index}: got {got[index]}, oracle {want[index]:.9g}",
+            )
+        if case.op == "softmax":
+            x = widen(inputs)["x"]
+            leaked = np.isneginf(x) & (got != 0)
+            if leaked.any():
+                index = tuple(int(i) for i in np.argwhere(leaked)[0])
+                self.fail(
+                    "softmax.masked-exact-zero", case, inputs,
+                    f"{int(leaked.sum())} element(s) with input -inf are not exactly 0",
+                    f"index {index}: got {got[index]:.9g}",
+                )
+        error = np.where(want_nan, 0.0, np.abs(got - np.where(want_nan, 0.0, want)))
+        ratio = np.where(allowed > 0, error / np.where(allowed > 0, allowed, 1.0), np.where(error > 0, np.inf, 0.0))
+        worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
+        max_error = float(error.max()) if error.size else 0.0
+        figures = dict(
+            max_abs_error=max_error,
+            allowed=float(allowed[worst]) if ratio.size else 0.0,
+            ratio=float(ratio[worst]) if ratio.size else 0.0,
+        )
+        status = "deviation" if policy != "zeros" and bool(empty.any()) else "passed"
+        record = CaseRecord(
+            test=self.test_name, implementation=self.impl.name, clause=clause, case=case.label, op=case.op,
+            dtype=self.dtype, device=self.device, status=status,
+            shapes={k: list(v) for k, v in case.shapes().items()}, **figures,
+        )
+        if ratio.size and ratio[worst] > 1.0:
+            index = tuple(int(i) for i in worst)
+            self.fail(
+                clause, case, inputs,
+                f"max abs error {max_error:.3e} exceeds the allowed error "
+                f"(worst element: error {error[worst]:.3e} > allowed {allowed[worst]:.3e}, "
+                f"{ratio[worst]:.3g}x the {self.dtype} tolerance of spec/tolerances.yaml)",
+                f"index {index}: got {got[worst]:.9g}, oracle {want[worst]:.9g}",
+                record=record,
+            )
+        RECORDS.append(record)
+        return record
+
+    def _judge_fully_masked(self, case, inputs, got, want, allowed, empty, policy):
+        __tracebackhide__ = True
+        rows = np.broadcast_to(empty[..., None], got.shape)
+        if policy == "nan":
+            ok = np.isnan(got) | ~rows
+        else:
+            ok = ~rows | (np.abs(np.nan_to_num(got, nan=np.inf) - want) <= allowed)
+        if not ok.all():
+            index = tuple(int(i) for i in np.argwhere(~ok)[0])
+            declared = f"declared FULLY_MASKED_ROWS={policy!r}" if policy != "zeros" else "the canonical 'zeros'"
+            self.fail(
+                "mask.fully-masked-row", case, inputs,
+                f"{int(empty.sum())} fully masked row(s) do not follow {declared}",
+                f"index {index}: got {got[index]:.9g}, policy gives {want[index]:.9g}",
+            )
+
+    def check(self, case: Case, clause: str | None = None) -> tuple[np.ndarray, dict]:
+        """Run and judge in one step; returns the output (float64) and the rounded inputs."""
+        __tracebackhide__ = True
+        got, inputs = self.run(case)
+        self.judge(case, got, inputs, clause)
+        return got, inputs

@@ -1,0 +1,175 @@
+"""What conftest.py delegates to: discovery, parametrisation, profiles, summary and report."""
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+import pytest
+
+from implementations import DTYPE_NAMES, Implementation, ImplementationLoadError
+from implementations import builtin_implementations, load_implementation
+
+from .specdata import SpecError, clauses, fixtures
+
+ENV_VAR = "ATTENTION_CONFORMANCE_IMPL"
+ENTRY_POINT_GROUP = "attention_conformance.implementations"
+DEVICES = ("cpu", "cuda")
+IMPLS_KEY = pytest.StashKey[list]()
+ARRAY_DEVICE_NAMES = {"numpy": ("cpu",), "torch": DEVICES, "jax": DEVICES}
+
+__all__ = ["DTYPE_NAMES"]
+
+
+# ------------------------------------------------------------------ discovery
+def discover(config) -> list[Implementation]:
+    """--impl, else $ATTENTION_CONFORMANCE_IMPL; without either, built-ins plus entry points."""
+    specs = list(config.getoption("impl"))
+    if not specs and os.environ.get(ENV_VAR):
+        specs = [s.strip() for s in os.environ[ENV_VAR].split(",") if s.strip()]
+    if specs:
+        return [load_implementation(spec) for spec in specs]
+    found = [] if config.getoption("no_builtins") else builtin_implementations()
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        spec = entry.value
+        try:
+            obj = entry.load()
+        except Exception as exc:
+            raise ImplementationLoadError(
+                f"entry point {entry.name!r} ({spec}) in {ENTRY_POINT_GROUP}: cannot load: {type(exc).__name__}: {exc}"
+            ) from None
+        from implementations._registry import from_object
+
+        found.append(from_object(obj, entry.name, spec))
+    return found
+
+
+def configure(config) -> None:
+    """Validate spec/ and fixtures/ and load implementations once; a defect is one usage error."""
+    try:
+        clauses()
+        fixtures()
+        impls = discover(config)
+    except (SpecError, ImplementationLoadError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+    names = [impl.name for impl in impls]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise pytest.UsageError(f"two implementations share the name(s) {sorted(duplicates)}; set NAME to tell them apart")
+    config.stash[IMPLS_KEY] = impls
+    if config.getoption("list_impls"):
+        _print_impls(impls)
+        pytest.exit("listed implementations", returncode=0)
+
+
+def _print_impls(impls) -> None:
+    for impl in impls:
+        d = impl.describe()
+        ops = ", ".join(op for op, present in d["operations"].items() if present) or "none"
+        print(f"{d['name']:<16} {d['spec']}")
+        print(f"    array={d['array']} dtypes={','.join(d['dtypes'])} fully_masked_rows={d['fully_masked_rows']}")
+        print(f"    operations: {ops}")
+        if d["skip_reason"]:
+            print(f"    skipped: {d['skip_reason']}")
+        else:
+            print(f"    devices: {', '.join(d['devices']) or 'none'}")
+
+
+def implementations(config) -> list[Implementation]:
+    return config.stash[IMPLS_KEY]
+
+
+def deselect_selfcheck_for_user_impls(config, items) -> None:
+    """With --impl the run is about the user's implementation: the suite's self-checks step aside."""
+    if not (config.getoption("impl") or os.environ.get(ENV_VAR)):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("selfcheck") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+# ----------------------------------------------------------- parametrisation
+def _selected_devices(config) -> tuple[str, ...]:
+    choice = config.getoption("device")
+    return DEVICES if choice == "all" else (choice,)
+
+
+def _selected_dtypes(config, impl: Implementation) -> list[str]:
+    wanted = config.getoption("dtype") or DTYPE_NAMES
+    return [d for d in DTYPE_NAMES if d in impl.dtypes and d in wanted]
+
+
+def implementation_params(config, op: str | None):
+    """(impl, device, dtype) triples as pytest params, with skips that say why."""
+    params = []
+    for impl in implementations(config):
+        devices = [d for d in ARRAY_DEVICE_NAMES[impl.array] if d in _selected_devices(config)]
+        if impl.declared_devices is not None:
+            devices = [d for d in devices if d in impl.declared_devices]
+        for device in devices:
+            for dtype in _selected_dtypes(config, impl):
+                marks = []
+                if impl.skip_reason:
+                    marks.append(pytest.mark.skip(reason=impl.skip_reason))
+                elif op and not impl.implements(op):
+                    marks.append(pytest.mark.skip(reason=f"not implemented: {impl.name} does not expose {op}"))
+                params.append(pytest.param(impl, device, dtype, id=f"{impl.name}-{device}-{dtype}", marks=marks))
+    return params
+
+
+def parametrize(metafunc) -> None:
+    names = metafunc.fixturenames
+    if not {"impl", "device", "dtype"} <= set(names):
+        return
+    marker = metafunc.definition.get_closest_marker("op")
+    op = marker.args[0] if marker else None
+    triples = implementation_params(metafunc.config, op)
+    if "fixture_case" in names:
+        rows = []
+        for fx in fixtures():
+            if fx.op == "scores":
+                continue  # oracle-only fixtures are checked by the self-check suite
+            for p in triples:
+                impl, device, dtype = p.values
+                marks = list(p.marks)
+                if not marks and not impl.implements(fx.op):
+                    marks.append(pytest.mark.skip(reason=f"not implemented: {impl.name} does not expose {fx.op}"))
+                rows.append(pytest.param(fx, impl, device, dtype, id=f"{fx.id}-{p.id}", marks=marks))
+        metafunc.parametrize(("fixture_case", "impl", "device", "dtype"), rows)
+    else:
+        metafunc.parametrize(("impl", "device", "dtype"), triples)
+
+
+def require_device(impl: Implementation, device: str) -> None:
+    """Skip (with the reason) when the device is absent; imports the framework only now."""
+    if device not in impl.devices():
+        pytest.skip(f"{device} is not available to {impl.name} ({impl.array}) on this machine")
+
+
+# ------------------------------------------------------------- hypothesis
+def register_hypothesis_profiles() -> None:
+    from hypothesis import HealthCheck, settings
+
+    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.register_profile("dev", max_examples=25, **common)
+    settings.register_profile("ci", max_examples=25, derandomize=True, database=None, print_blob=True, **common)
+    settings.register_profile("thorough", max_examples=250, **common)
+    settings.load_profile("dev")  # --hypothesis-profile NAME overrides this
+
+
+# ------------------------------------------------------------- reporting
+def terminal_summary(terminalreporter, config) -> None:
+    from . import summary
+
+    summary.terminal_summary(terminalreporter, config)
+
+
+def write_report(session, exitstatus) -> None:
+    path = session.config.getoption("conformance_report", None)
+    if not path:
+        return
+    from . import summary
+
+    summary.write_report(session.config, path, exitstatus)

@@ -1,0 +1,267 @@
+"""Loading spec/ and fixtures/: safe YAML, schema validation, cross-checks.
+
+Any defect stops the run with one SpecError that names the file, the entry id and
+the field. Everything here is read once per session and cached.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_DIR = ROOT / "spec"
+FIXTURES_DIR = ROOT / "fixtures"
+SEEDS_DIR = ROOT.parent / "shared" / "seeds"
+
+REQUIRED_INPUTS = {
+    "softmax": ("x",),
+    "sdpa": ("q", "k", "v"),
+    "scores": ("q", "k"),
+    "multi_head_attention": ("query", "key", "value", "params", "num_heads"),
+}
+
+
+class SpecError(Exception):
+    """A defect in spec/ or fixtures/. The message names file, entry and field."""
+
+    def __init__(self, path: Path, entry: str | None, field_: str | None, problem: str):
+        where = _relative(path)
+        if entry:
+            where += f": entry {entry!r}"
+        if field_:
+            where += f": field {field_!r}"
+        super().__init__(f"{where}: {problem}")
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise SpecError(path, None, None, f"malformed YAML at {where}: {getattr(exc, 'problem', exc)}") from None
+
+
+def _validate(document: Any, schema_name: str, path: Path, list_key: str) -> None:
+    schema = read_yaml(SPEC_DIR / "schema" / schema_name)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return
+    error = jsonschema.exceptions.best_match(errors)
+    location = list(error.absolute_path)
+    entry = None
+    if len(location) >= 2 and location[0] == list_key and isinstance(location[1], int):
+        items = document.get(list_key) or []
+        item = items[location[1]] if location[1] < len(items) else {}
+        entry = item.get("id", f"#{location[1]}") if isinstance(item, dict) else f"#{location[1]}"
+        location = location[2:]
+    field_ = ".".join(str(part) for part in location) or None
+    raise SpecError(path, entry, field_, error.message)
+
+
+# ------------------------------------------------------------------- clauses
+@dataclass(frozen=True)
+class Clause:
+    id: str
+    statement: str
+    binds: tuple[str, ...]
+    source: str
+
+
+@functools.lru_cache(maxsize=None)
+def clauses(spec_dir: Path = SPEC_DIR) -> dict[str, Clause]:
+    found: dict[str, Clause] = {}
+    for path in sorted(Path(spec_dir).glob("clauses*.yaml")):
+        document = read_yaml(path)
+        _validate(document, "clauses.schema.yaml", path, "clauses")
+        for item in document["clauses"]:
+            if item["id"] in found:
+                raise SpecError(path, item["id"], "id", "duplicate clause id")
+            found[item["id"]] = Clause(item["id"], item["statement"], tuple(item["binds"]), item["source"])
+    return found
+
+
+# ------------------------------------------------------------------ fixtures
+@dataclass
+class Fixture:
+    id: str
+    kind: str
+    op: str
+    clauses: tuple[str, ...]
+    source: str
+    document: str
+    path: Path
+    inputs: dict[str, Any]  # arrays materialised as float64 / bool NumPy arrays
+    expected: np.ndarray | None = None
+    expected_shape: tuple[int, ...] | None = None
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    atol: float = 0.0
+    rtol: float = 0.0
+    tolerance_reason: str = ""
+    description: str = ""
+
+    @property
+    def arrays(self) -> dict[str, Any]:
+        return {k: v for k, v in self.inputs.items() if isinstance(v, (np.ndarray, dict))}
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.inputs.items() if not isinstance(v, (np.ndarray, dict))}
+
+
+def materialise(value: Any, path: Path, entry: str, field_: str) -> np.ndarray:
+    if isinstance(value, dict):
+        spec = value["random"]
+        rng = np.random.default_rng(spec["seed"])
+        if spec.get("distribution", "normal") == "uniform":
+            return rng.uniform(size=spec["shape"])
+        return rng.standard_normal(size=spec["shape"])
+    try:
+        array = np.array(value)
+    except ValueError as exc:
+        raise SpecError(path, entry, field_, f"ragged array: {exc}") from None
+    if array.dtype == np.bool_:
+        return array
+    if array.dtype.kind not in "iuf":
+        raise SpecError(path, entry, field_, f"array of {array.dtype} values; numbers or booleans expected")
+    return array.astype(np.float64)
+
+
+def _check_shapes(fx: Fixture) -> None:
+    """Contradictory shapes are a spec defect: find them with the oracle before any implementation runs."""
+    from . import oracle
+
+    def fail(field_: str, problem: str):
+        raise SpecError(fx.path, fx.id, field_, problem)
+
+    inputs = fx.inputs
+    if fx.op in ("sdpa", "scores"):
+        for name in ("q", "k", "v"):
+            if name in inputs and inputs[name].ndim != 4:
+                fail(f"inputs.{name}", f"must be 4-D (B, H, L, D), got shape {inputs[name].shape}")
+        q, k = inputs["q"], inputs["k"]
+        if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
+            fail("inputs.k", f"shape {k.shape} does not fit q {q.shape} (same B and Dk, Hkv dividing Hq)")
+        if "v" in inputs and inputs["v"].shape[:3] != k.shape[:3]:
+            fail("inputs.v", f"shape {inputs['v'].shape} does not fit k {k.shape} (same B, Hkv, Lk)")
+        if "mask" in inputs:
+            target = q.shape[:2] + (q.shape[2], k.shape[2])
+            try:
+                np.broadcast_shapes(inputs["mask"].shape, target)
+            except ValueError:
+                fail("inputs.mask", f"shape {inputs['mask'].shape} does not broadcast to {target}")
+    try:
+        reference = run_oracle(fx)
+    except Exception as exc:  # the oracle rejects what the shapes cannot mean
+        fail("inputs", f"the oracle cannot run these inputs: {type(exc).__name__}: {exc}")
+    if fx.expected is not None and fx.expected.shape != reference.shape:
+        fail("expected", f"shape {fx.expected.shape} but the inputs give {reference.shape}")
+    if fx.expected_shape is not None and tuple(fx.expected_shape) != reference.shape:
+        fail("expected_shape", f"{list(fx.expected_shape)} but the inputs give {list(reference.shape)}")
+    if fx.shapes:
+        trace: dict[str, np.ndarray] = {}
+        if fx.op != "multi_head_attention":
+            fail("shapes", "intermediate shapes are traced for multi_head_attention only")
+        oracle.multi_head_attention(**_call_arguments(fx), trace=trace)
+        for name, shape in fx.shapes.items():
+            if name not in trace:
+                fail(f"shapes.{name}", "the pipeline has no such intermediate for these inputs")
+            if tuple(shape) != trace[name].shape:
+                fail(f"shapes.{name}", f"{list(shape)} but the pipeline gives {list(trace[name].shape)}")
+
+
+def _call_arguments(fx: Fixture) -> dict[str, Any]:
+    return dict(fx.inputs)
+
+
+def run_oracle(fx: Fixture, inputs: dict[str, Any] | None = None, policy: str = "zeros") -> np.ndarray:
+    """The oracle's result for a fixture's operation (on ``inputs`` if given, e.g. rounded to a dtype)."""
+    from . import oracle
+
+    args = dict(fx.inputs if inputs is None else inputs)
+    if fx.op == "softmax":
+        return oracle.softmax(args["x"], axis=args.get("axis", -1))
+    if fx.op == "scores":
+        return oracle.scores(args["q"], args["k"], args.get("mask"), args.get("is_causal", False), args.get("scale"))
+    if fx.op == "sdpa":
+        return oracle.sdpa(
+            args["q"], args["k"], args["v"], args.get("mask"), args.get("is_causal", False), args.get("scale"),
+            fully_masked_rows_policy=policy,
+        )
+    return oracle.multi_head_attention(**args)
+
+
+def load_fixture_file(path: Path, known_clauses: dict[str, Clause]) -> list[Fixture]:
+    document = read_yaml(path)
+    _validate(document, "fixtures.schema.yaml", path, "fixtures")
+    found = []
+    for item in document["fixtures"]:
+        entry = item["id"]
+        for index, clause in enumerate(item["clauses"]):
+            if clause not in known_clauses:
+                raise SpecError(path, entry, f"clauses[{index}]", f"unknown clause {clause!r}")
+        missing = [n for n in REQUIRED_INPUTS[item["op"]] if n not in item["inputs"]]
+        if missing:
+            raise SpecError(path, entry, f"inputs.{missing[0]}", f"op {item['op']} needs inputs {missing}")
+        inputs: dict[str, Any] = {}
+        for name, value in item["inputs"].items():
+            if name == "params":
+                inputs[name] = {p: materialise(a, path, entry, f"inputs.params.{p}") for p, a in value.items()}
+            elif isinstance(value, (list, dict)):
+                inputs[name] = materialise(value, path, entry, f"inputs.{name}")
+            else:
+                inputs[name] = value
+        tolerance = item.get("tolerance", {})
+        fx = Fixture(
+            id=entry,
+            kind=item["kind"],
+            op=item["op"],
+            clauses=tuple(item["clauses"]),
+            source=item["source"],
+            document=document["document"],
+            path=path,
+            inputs=inputs,
+            expected=materialise(item["expected"], path, entry, "expected") if "expected" in item else None,
+            expected_shape=tuple(item["expected_shape"]) if "expected_shape" in item else None,
+            shapes={k: tuple(v) for k, v in item.get("shapes", {}).items()},
+            atol=float(tolerance.get("atol", 0.0)),
+            rtol=float(tolerance.get("rtol", 0.0)),
+            tolerance_reason=tolerance.get("reason", ""),
+            description=item.get("description", ""),
+        )
+        if fx.expected is not None and "atol" not in tolerance:
+            raise SpecError(path, entry, "tolerance", "a fixture with printed `expected` values needs a tolerance")
+        if fx.kind == "counterexample" and fx.expected is None:
+            raise SpecError(path, entry, "expected", "a counterexample needs the values it must not produce")
+        _check_shapes(fx)
+        found.append(fx)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def fixtures(fixtures_dir: Path = FIXTURES_DIR) -> tuple[Fixture, ...]:
+    known = clauses()
+    found: list[Fixture] = []
+    seen: dict[str, Path] = {}
+    for path in sorted(Path(fixtures_dir).glob("*.yaml")):
+        for fx in load_fixture_file(path, known):
+            if fx.id in seen:
+                raise SpecError(path, fx.id, "id", f"duplicate fixture id (also in {_relative(seen[fx.id])})")
+            seen[fx.id] = path
+            found.append(fx)
+    return tuple(found)

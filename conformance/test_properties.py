@@ -1,0 +1,300 @@
+"""Generated cases against the oracle, and metamorphic properties, one test per clause.
+
+Each test draws cases that exercise its clause while holding the rest simple, so a
+failure names the clause that is broken. Sizes are capped in strategies.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from . import oracle
+from .cases import Case, widen
+from .checks import Judge, allowed_error
+from .plugin import require_device
+from .strategies import sdpa_cases, softmax_cases
+
+pytestmark = pytest.mark.conformance
+sdpa_op = pytest.mark.op("sdpa")
+softmax_op = pytest.mark.op("softmax")
+
+
+def _judge(impl, device, dtype):
+    require_device(impl, device)
+    return Judge(impl, dtype, device)
+
+
+def check(impl, device, dtype, case: Case):
+    return _judge(impl, device, dtype).check(case)
+
+
+# ------------------------------------------------------------------ agreement
+@sdpa_op
+@given(case=sdpa_cases(allow_empty_rows=True))
+def test_sdpa_matches_oracle(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(), gqa=False,
+                       clauses=("sdpa.scale-default", "sdpa.definition")))
+def test_default_scale(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), gqa=False,
+                       scale=st.sampled_from([0.0, -1.0, 0.3, 2.0, -0.05]), clauses=("sdpa.scale-explicit",)))
+def test_explicit_scale(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("bool-full",), causal=st.just(False), scale=st.none(), gqa=False,
+                       clauses=("mask.bool-true-attends",)))
+def test_bool_mask(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("float", "float-large"), causal=st.just(False), scale=st.none(), gqa=False,
+                       clauses=("mask.float-additive",)))
+def test_float_mask(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("bool-2d", "key-padding", "per-head", "bool-query-keys"), causal=st.just(False),
+                       scale=st.none(), gqa=False, clauses=("mask.broadcast",)))
+def test_mask_broadcast(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(True), scale=st.none(), gqa=False,
+                       clauses=("causal.top-left",)))
+def test_causal_top_left(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "float"), causal=st.just(True), scale=st.none(),
+                       gqa=False, clauses=("causal.top-left", "mask.bool-true-attends")))
+def test_causal_with_mask(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(), gqa=False,
+                       bottom_right_mask=True, allow_empty_rows=True, clauses=("causal.bottom-right-explicit",)))
+def test_bottom_right_causal_as_mask(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none", "per-head"), causal=st.just(False), scale=st.none(), gqa=True,
+                       clauses=("sdpa.gqa-mapping",)).filter(lambda c: c.inputs["q"].shape[1] > c.inputs["k"].shape[1]))
+def test_gqa_mapping(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "float"), allow_empty_rows=True, gqa=False,
+                       clauses=("mask.fully-masked-row",)))
+def test_fully_masked_rows(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none", "bool-full"), scale=st.none(), sigmas=("large",), gqa=False,
+                       clauses=("softmax.large-inputs", "sdpa.finite")))
+def test_large_scores(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(), gqa=False,
+                       clauses=("sdpa.cross-attention", "sdpa.value-dim")))
+def test_cross_attention_and_value_dim(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+# ---------------------------------------------------------------- metamorphic
+def _same(judge: Judge, case: Case, first, second, inputs, clause: str, what: str):
+    """Two outputs that must agree to within twice the allowed error of the case."""
+    __tracebackhide__ = True
+    allowed = 2 * np.broadcast_to(allowed_error(case, inputs, judge.dtype), first.shape)
+    both_nan = np.isnan(first) & np.isnan(second)
+    error = np.where(both_nan, 0.0, np.abs(first - second))
+    worst = np.unravel_index(int(np.argmax(error - allowed)), error.shape)
+    if error[worst] > allowed[worst]:
+        judge.fail(clause, case, inputs, f"{what}: outputs differ by {error[worst]:.3e} > allowed {allowed[worst]:.3e}",
+                   f"index {tuple(int(i) for i in worst)}: {first[worst]:.9g} vs {second[worst]:.9g}")
+    judge.record(case, clause, "passed", max_abs_error=float(error.max()), allowed=float(allowed[worst]))
+
+
+def _derived(case: Case, label: str, **changes) -> Case:
+    return Case(case.op, {**case.inputs, **changes}, case.clauses, f"{case.label} [{label}]", case.mask_kind)
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "bool-2d"), clauses=("mask.before-softmax",)))
+def test_masked_weights_sum_to_one(impl, device, dtype, case):
+    """With every value row equal to c, each attending row's output is c: the kept weights sum to 1."""
+    judge = _judge(impl, device, dtype)
+    v = case.inputs["v"]
+    constant = np.broadcast_to(np.linspace(-1.5, 2.0, v.shape[-1]), v.shape).copy()
+    const_case = _derived(case, "v constant per feature", v=constant)
+    got, inputs = judge.run(const_case)
+    judge.judge(const_case, got, inputs, "mask.before-softmax")
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding"), clauses=("mask.before-softmax",)))
+def test_masked_keys_have_no_influence(impl, device, dtype, case):
+    """Changing v and k at keys no query may attend leaves the output unchanged."""
+    judge = _judge(impl, device, dtype)
+    first, inputs = judge.run(case)
+    a = widen(inputs)
+    allowed_keys = ~np.isneginf(oracle.attention_bias(a["mask"], a.get("is_causal", False), *a["q"].shape[-2:-1],
+                                                      a["k"].shape[-2]))
+    allowed_keys = np.broadcast_to(allowed_keys, a["q"].shape[:2] + allowed_keys.shape[-2:])
+    group = a["q"].shape[1] // a["k"].shape[1]
+    # A key is dead if no query of any head sharing it attends it.
+    dead = ~allowed_keys.reshape(a["q"].shape[0], a["k"].shape[1], group, *allowed_keys.shape[-2:]).any(axis=(2, 3))
+    if not dead.any():
+        return
+    v = np.where(dead[..., None], 1e3, case.inputs["v"])
+    k = np.where(dead[..., None], -case.inputs["k"] * 3, case.inputs["k"])
+    changed = _derived(case, "dead keys changed", v=v, k=k)
+    second, _ = judge.run(changed)
+    _same(judge, case, first, second, inputs, "mask.before-softmax", "values at masked keys leaked into the output")
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none",), scale=st.none(), gqa=False, clauses=("softmax.shift-invariance",)),
+       shift=st.sampled_from([-7.0, 3.0, 50.0]))
+def test_shift_invariance(impl, device, dtype, case, shift):
+    """A float mask that adds the same constant to every score of a row changes nothing."""
+    judge = _judge(impl, device, dtype)
+    first, inputs = judge.run(case)
+    q = case.inputs["q"]
+    shifted = _derived(case, f"+{shift} on every score", mask=np.full(q.shape[:-1] + (1,), shift))
+    second, _ = judge.run(shifted)
+    _same(judge, case, first, second, inputs, "softmax.shift-invariance", f"adding {shift} to every score of a row")
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none", "bool-full", "float"), clauses=("sdpa.key-permutation-invariance",)),
+       perm_seed=st.integers(0, 2**16))
+def test_key_permutation(impl, device, dtype, case, perm_seed):
+    judge = _judge(impl, device, dtype)
+    if case.inputs.get("is_causal"):
+        case = _derived(case, "no causal", is_causal=False)
+        case.inputs.pop("is_causal")
+    first, inputs = judge.run(case)
+    perm = np.random.default_rng(perm_seed).permutation(case.inputs["k"].shape[-2])
+    changes = {"k": case.inputs["k"][..., perm, :], "v": case.inputs["v"][..., perm, :]}
+    if "mask" in case.inputs:
+        changes["mask"] = case.inputs["mask"][..., perm]
+    second, _ = judge.run(_derived(case, f"keys permuted {perm.tolist()}", **changes))
+    _same(judge, case, first, second, inputs, "sdpa.key-permutation-invariance", "permuting keys")
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none", "bool-full", "key-padding"), clauses=("sdpa.batch-head-independence",)))
+def test_batch_and_heads_independent(impl, device, dtype, case):
+    judge = _judge(impl, device, dtype)
+    whole, inputs = judge.run(case)
+    q, k, v = (case.inputs[n] for n in "qkv")
+    group = q.shape[1] // k.shape[1]
+    mask = case.inputs.get("mask")
+    for bi in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            kh = h // group
+            part = {"q": q[bi:bi + 1, h:h + 1], "k": k[bi:bi + 1, kh:kh + 1], "v": v[bi:bi + 1, kh:kh + 1]}
+            if mask is not None:
+                full = np.broadcast_to(mask, q.shape[:2] + mask.shape[-2:])
+                part["mask"] = full[bi:bi + 1, h:h + 1].copy()
+            alone, _ = judge.run(_derived(case, f"batch {bi} head {h} alone", **part))
+            _same(judge, case, whole[bi:bi + 1, h:h + 1], alone, inputs, "sdpa.batch-head-independence",
+                  f"batch {bi}, head {h} computed alone")
+
+
+@sdpa_op
+@given(case=sdpa_cases(allow_empty_rows=False, clauses=("sdpa.convex-combination",)))
+def test_output_within_attended_values(impl, device, dtype, case):
+    judge = _judge(impl, device, dtype)
+    got, inputs = judge.run(case)
+    a = widen(inputs)
+    weights = oracle.attention_weights(a["q"], a["k"], a.get("mask"), a.get("is_causal", False), a.get("scale"))
+    v = oracle.repeat_kv_heads(a["v"], a["q"].shape[1])
+    attended = (weights > 0)[..., None]
+    low = np.min(np.where(attended, v[..., None, :, :], np.inf), axis=-2)
+    high = np.max(np.where(attended, v[..., None, :, :], -np.inf), axis=-2)
+    slack = np.broadcast_to(allowed_error(case, inputs, dtype), got.shape)
+    outside = (got < low - slack) | (got > high + slack)
+    if outside.any():
+        i = tuple(int(x) for x in np.argwhere(outside)[0])
+        judge.fail("sdpa.convex-combination", case, inputs, f"{int(outside.sum())} element(s) outside the attended values' range",
+                   f"index {i}: got {got[i]:.9g}, attended range [{low[i]:.9g}, {high[i]:.9g}]")
+    judge.record(case, "sdpa.convex-combination", "passed")
+
+
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(True), same_lengths=True, clauses=("causal.first-row",)))
+def test_causal_first_row_is_v0(impl, device, dtype, case):
+    judge = _judge(impl, device, dtype)
+    got, inputs = judge.run(case)
+    v0 = oracle.repeat_kv_heads(widen(inputs)["v"], got.shape[1])[..., 0, :]
+    slack = np.broadcast_to(allowed_error(case, inputs, dtype), got.shape)[..., 0, :]
+    error = np.abs(got[..., 0, :] - v0)
+    if (error > slack).any():
+        i = tuple(int(x) for x in np.argwhere(error > slack)[0])
+        judge.fail("causal.first-row", case, inputs, "causal row 0 is not v[0]",
+                   f"index {i}: got {got[..., 0, :][i]:.9g}, v[0] {v0[i]:.9g}")
+    judge.record(case, "causal.first-row", "passed", max_abs_error=float(error.max()))
+
+
+# -------------------------------------------------------------------- softmax
+@softmax_op
+@given(case=softmax_cases())
+def test_softmax_matches_oracle(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@softmax_op
+@given(case=softmax_cases(axis=st.just(-1), clauses=("softmax.last-axis",)).filter(
+    lambda c: c.inputs["x"].ndim >= 2 and c.inputs["x"].shape[-1] > 1 and c.inputs["x"].shape[-2] > 1))
+def test_softmax_default_axis_is_last(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@softmax_op
+@given(case=softmax_cases(clauses=("softmax.rows-sum-to-one",)))
+def test_softmax_rows_sum_to_one(impl, device, dtype, case):
+    judge = _judge(impl, device, dtype)
+    got, inputs = judge.run(case)
+    axis = case.inputs.get("axis", -1)
+    total = got.sum(axis=axis)
+    n = got.shape[axis]
+    slack = n * np.max(allowed_error(case, inputs, dtype))
+    if np.any(np.abs(total - 1) > slack):
+        worst = np.unravel_index(int(np.argmax(np.abs(total - 1))), total.shape)
+        judge.fail("softmax.rows-sum-to-one", case, inputs, f"a slice along axis {axis} sums to {total[worst]:.9g}",
+                   f"slice {tuple(int(i) for i in worst)}: |sum - 1| = {abs(total[worst] - 1):.3e} > {slack:.3e}")
+    judge.judge(case, got, inputs, "softmax.rows-sum-to-one")
+
+
+@softmax_op
+@given(case=softmax_cases(neg_inf=True, clauses=("softmax.masked-exact-zero",)))
+def test_softmax_neg_inf_gives_exact_zero(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@softmax_op
+@given(case=softmax_cases(sigmas=("large",), clauses=("softmax.large-inputs",)))
+def test_softmax_large_inputs(impl, device, dtype, case):
+    check(impl, device, dtype, case)

@@ -1,0 +1,102 @@
+"""Allowed error of an implementation against the oracle, per element, per dtype.
+
+The model and its derivation are in spec/tolerances.yaml; this module only
+evaluates it. Every function returns an array that broadcasts against the
+operation's output.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from . import oracle
+from .specdata import SPEC_DIR, read_yaml
+
+
+@functools.lru_cache(maxsize=None)
+def model() -> dict:
+    return read_yaml(SPEC_DIR / "tolerances.yaml")
+
+
+def unit_roundoff(dtype: str) -> float:
+    return float(model()["unit_roundoff"][dtype])
+
+
+def _constants(section: str) -> dict:
+    m = model()
+    return {k: float(v) * m["safety_factor"] for k, v in m[section].items() if k.startswith("c_")}
+
+
+def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
+    c = _constants("softmax")
+    n = np.shape(x)[axis]
+    return np.full(np.shape(x), unit_roundoff(dtype) * (c["c_out"] + c["c_acc"] * math.sqrt(n)))
+
+
+def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
+    """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv."""
+    c = _constants("sdpa")
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    hq = q.shape[1]
+    k, v = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
+    if dk is not None:
+        dk, dv = oracle.repeat_kv_heads(dk, hq), oracle.repeat_kv_heads(dv, hq)
+    dk_, lk = q.shape[-1], k.shape[-2]
+    scale_value = 1.0 / math.sqrt(dk_) if scale is None else float(scale)
+    weights = oracle.attention_weights(q, k, mask, is_causal, scale)
+    abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(scale_value)
+    bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk)
+    finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
+    score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias)
+    if dq is not None:
+        score_error = score_error + abs(scale_value) * (
+            dq @ np.swapaxes(np.abs(k), -1, -2) + np.abs(q) @ np.swapaxes(dk, -1, -2)
+        )
+    attended = weights > 0
+    v_row_max = np.max(np.abs(v), axis=-1)[..., None, :]  # (B, H, 1, Lk)
+    v_max = np.max(np.where(attended, v_row_max, 0.0), axis=-1, keepdims=True)
+    allowed = u * v_max * (c["c_out"] + c["c_acc"] * math.sqrt(lk))
+    allowed = allowed + c["c_score"] * 2 * v_max * np.sum(weights * score_error, axis=-1, keepdims=True)
+    if dv is not None:
+        allowed = allowed + weights @ dv
+    return allowed
+
+
+def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros") -> np.ndarray:
+    u = unit_roundoff(dtype)
+    allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u)
+    empty = oracle.fully_masked_rows(q, k, mask, is_causal)[..., None]
+    if policy == "uniform":
+        c = _constants("sdpa")
+        v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
+        spread = u * np.max(v_all, axis=(-2, -1), keepdims=True) * (c["c_out"] + c["c_acc"] * math.sqrt(v_all.shape[-2]))
+        return np.where(empty, spread, allowed)
+    return np.where(empty, 0.0, allowed)
+
+
+def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str) -> np.ndarray:
+    u = unit_roundoff(dtype)
+    c_proj = _constants("multi_head_attention")["c_proj"]
+    p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
+    trace: dict = {}
+    oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace)
+
+    def projection_error(x, name):
+        x = np.abs(np.asarray(x, dtype=np.float64))
+        w = np.abs(p["w_" + name])
+        b = np.abs(p.get("b_" + name, 0.0))
+        return c_proj * u * (math.sqrt(x.shape[-1]) * (x @ w) + b)
+
+    def split(x):
+        b, length, width = x.shape
+        return np.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
+
+    dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
+    context_error = _sdpa_terms(
+        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv
+    )
+    context_error = np.broadcast_to(context_error, trace["context"].shape)
+    merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)
+    return merged_error @ np.abs(p["w_o"]) + projection_error(trace["merged"], "o")

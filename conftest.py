@@ -1,0 +1,60 @@
+"""The attention-conformance pytest plugin.
+
+Options, the implementation registry wiring, parametrisation of every conformance
+test over implementations x devices x dtypes, Hypothesis profiles, and the
+end-of-run summary and report. Tests live in conformance/ (run against the
+implementations) and tests/ (the suite checking itself).
+"""
+from __future__ import annotations
+
+import pytest
+
+from conformance import plugin as support
+
+# Profiles are registered at import so that Hypothesis's own --hypothesis-profile can pick one.
+support.register_hypothesis_profiles()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("attention-conformance")
+    group.addoption(
+        "--impl", action="append", default=[], metavar="MODULE[:ATTR]",
+        help="implementation to validate (repeatable). Without it, every built-in and every "
+        "implementation found through $ATTENTION_CONFORMANCE_IMPL or entry points runs.",
+    )
+    group.addoption(
+        "--device", choices=("cpu", "cuda", "all"), default="all",
+        help="devices to test: cpu, cuda, or all (default; cases for an absent device are skipped with the reason).",
+    )
+    group.addoption(
+        "--dtype", action="append", default=[], choices=support.DTYPE_NAMES,
+        help="restrict to these dtypes (repeatable; default: every dtype each implementation declares).",
+    )
+    group.addoption("--conformance-report", metavar="PATH", default=None,
+                    help="write the JSON conformance report to PATH and an HTML page beside it.")
+    group.addoption("--list-impls", action="store_true", default=False,
+                    help="print the implementations found, what they declare and support, then exit.")
+    group.addoption("--no-builtins", action="store_true", default=False,
+                    help="do not add the built-in implementations when no --impl is given.")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "conformance: a case run against an implementation")
+    config.addinivalue_line("markers", "selfcheck: the suite checking itself (deselected with --impl)")
+    support.configure(config)
+
+
+def pytest_collection_modifyitems(config, items):
+    support.deselect_selfcheck_for_user_impls(config, items)
+
+
+def pytest_generate_tests(metafunc):
+    support.parametrize(metafunc)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    support.terminal_summary(terminalreporter, config)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    support.write_report(session, exitstatus)

@@ -1,0 +1,43 @@
+"""Registry of attention implementations under test.
+
+Every implementation, built-in or a user's, meets one public contract (README,
+"The contract"). It is an object (a module, a class or an instance) exposing one
+or more of
+
+    softmax(x, axis=-1)
+    sdpa(q, k, v, mask=None, is_causal=False, scale=None)
+    multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False)
+
+and optionally the attributes
+
+    DTYPES             names among float64, float32, float16, bfloat16 (default float32, float64)
+    ARRAY              "numpy" (default), "torch" or "jax": the array type it takes and returns
+    DEVICES            devices it runs on, e.g. ("cpu", "cuda"); default: every device of ARRAY present
+    FULLY_MASKED_ROWS  "zeros" (default), "nan" or "uniform"
+    NAME               the id shown in test ids and reports (default: the --impl spec)
+
+An operation that is not exposed is reported as not implemented, never as a
+failure. A keyword the signature does not accept (no ``scale`` parameter, say)
+makes the cases that need it unsupported, never failed.
+
+The built-ins live one small class per framework in ``builtin.py``; their
+frameworks are imported only when a built-in is first called, so a framework that
+is not installed costs nothing and is reported skipped with its reason.
+"""
+from __future__ import annotations
+
+from ._registry import (
+    DTYPE_NAMES,
+    Implementation,
+    ImplementationLoadError,
+    builtin_implementations,
+    load_implementation,
+)
+
+__all__ = [
+    "DTYPE_NAMES",
+    "Implementation",
+    "ImplementationLoadError",
+    "builtin_implementations",
+    "load_implementation",
+]

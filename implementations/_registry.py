@@ -1,0 +1,228 @@
+"""The Implementation wrapper: what the suite knows about one implementation and how it calls it."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._arrays import ARRAY_KINDS, DTYPE_NAMES, dtype_name, numpy_dtype
+
+OPERATIONS = ("softmax", "sdpa", "multi_head_attention")
+FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
+# Keywords whose default (the value in this dict) is never passed, so that an
+# implementation without the parameter still runs every case that does not need it.
+OPTIONAL_KEYWORDS = {
+    "softmax": {"axis": -1},
+    "sdpa": {"mask": None, "is_causal": False, "scale": None},
+    "multi_head_attention": {"mask": None, "is_causal": False},
+}
+
+
+class ImplementationLoadError(Exception):
+    """An --impl that cannot be imported or does not meet the contract; the message is one line."""
+
+
+@dataclass
+class Implementation:
+    name: str
+    obj: Any
+    array: str = "numpy"
+    dtypes: tuple[str, ...] = ("float32", "float64")
+    declared_devices: tuple[str, ...] | None = None
+    fully_masked_rows: str = "zeros"
+    spec: str = ""  # how to load it again (module[:attr] or builtin:name), used in repros
+    skip_reason: str | None = None
+    _signatures: dict = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        return f"Implementation({self.spec or self.name!r})"
+
+    # ------------------------------------------------------------------ facts
+    def operation(self, op: str):
+        fn = getattr(self.obj, op, None)
+        return fn if callable(fn) else None
+
+    def implements(self, op: str) -> bool:
+        return self.operation(op) is not None
+
+    def accepted_keywords(self, op: str) -> set[str] | None:
+        """Keyword names the operation accepts; None means anything (``**kwargs`` or no signature)."""
+        if op not in self._signatures:
+            fn = self.operation(op)
+            try:
+                params = inspect.signature(fn).parameters.values()
+            except (TypeError, ValueError):
+                self._signatures[op] = None
+            else:
+                if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+                    self._signatures[op] = None
+                else:
+                    self._signatures[op] = {p.name for p in params}
+        return self._signatures[op]
+
+    def unsupported_reason(self, op: str, kwargs: dict, dtype: str, device: str) -> str | None:
+        """Why this implementation cannot run the case (reported as unsupported), or None."""
+        if self.skip_reason:
+            return self.skip_reason
+        if not self.implements(op):
+            return f"{self.name} does not implement {op}"
+        if dtype not in self.dtypes:
+            return f"{self.name} does not declare dtype {dtype} (DTYPES={list(self.dtypes)})"
+        if device not in self.devices():
+            return f"{self.name} does not run on {device} (devices: {self.devices()})"
+        accepted = self.accepted_keywords(op)
+        if accepted is not None:
+            for key, default in OPTIONAL_KEYWORDS[op].items():
+                if key not in accepted and _differs(kwargs.get(key, default), default):
+                    return f"{self.name}.{op} has no '{key}' parameter"
+        return None
+
+    def devices(self) -> list[str]:
+        arrays = ARRAY_KINDS[self.array]
+        if arrays.unavailable_reason():
+            return []
+        present = arrays.devices()
+        if self.declared_devices is None:
+            return present
+        return [d for d in present if d in self.declared_devices]
+
+    # ------------------------------------------------------------------- call
+    def call(self, op: str, arrays: dict[str, Any], options: dict, device: str):
+        """Run ``op`` on NumPy inputs (already in the dtype under test); return a NumPy result.
+
+        ``arrays`` holds q/k/v/mask, x or query/key/value/params; ``options`` the
+        scalar arguments. Defaults are left out so optional parameters stay optional.
+        """
+        kind = ARRAY_KINDS[self.array]
+
+        def native(value):
+            if isinstance(value, dict):
+                return {key: native(item) for key, item in value.items()}
+            return None if value is None else kind.to_native(value, device)
+
+        positional = {
+            "softmax": ("x",),
+            "sdpa": ("q", "k", "v"),
+            "multi_head_attention": ("query", "key", "value", "params", "num_heads"),
+        }[op]
+        merged = {**arrays, **options}
+        args = [native(merged[name]) if name != "num_heads" else merged[name] for name in positional]
+        kwargs = {}
+        for key, default in OPTIONAL_KEYWORDS[op].items():
+            value = merged.get(key, default)
+            if _differs(value, default):
+                kwargs[key] = native(value) if key == "mask" else value
+        result = self.operation(op)(*args, **kwargs)
+        return kind.to_numpy(result)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "spec": self.spec,
+            "array": self.array,
+            "dtypes": list(self.dtypes),
+            "devices": self.devices(),
+            "operations": {op: self.implements(op) for op in OPERATIONS},
+            "fully_masked_rows": self.fully_masked_rows,
+            "skip_reason": self.skip_reason,
+        }
+
+
+def _differs(value, default) -> bool:
+    if value is None or default is None:
+        return value is not default
+    return value != default
+
+
+# ---------------------------------------------------------------------- loading
+def from_object(obj, name: str, spec: str) -> Implementation:
+    """Wrap a contract object, validating its declared attributes (one-line errors)."""
+    if inspect.isclass(obj):
+        try:
+            obj = obj()
+        except TypeError:
+            pass  # a class with static/class methods works as it is
+    array = getattr(obj, "ARRAY", "numpy")
+    if array not in ARRAY_KINDS:
+        raise ImplementationLoadError(f"{spec}: ARRAY={array!r} is not one of {sorted(ARRAY_KINDS)}")
+    dtypes = tuple(getattr(obj, "DTYPES", ("float32", "float64")))
+    unknown = [d for d in dtypes if d not in DTYPE_NAMES]
+    if unknown:
+        raise ImplementationLoadError(f"{spec}: DTYPES names unknown dtypes {unknown}; allowed: {list(DTYPE_NAMES)}")
+    policy = getattr(obj, "FULLY_MASKED_ROWS", "zeros")
+    if policy not in FULLY_MASKED_POLICIES:
+        raise ImplementationLoadError(
+            f"{spec}: FULLY_MASKED_ROWS={policy!r} is not one of {list(FULLY_MASKED_POLICIES)}"
+        )
+    devices = getattr(obj, "DEVICES", None)
+    impl = Implementation(
+        name=str(getattr(obj, "NAME", name)),
+        obj=obj,
+        array=array,
+        dtypes=dtypes,
+        declared_devices=tuple(devices) if devices is not None else None,
+        fully_masked_rows=policy,
+        spec=spec,
+    )
+    if not any(impl.implements(op) for op in OPERATIONS):
+        raise ImplementationLoadError(f"{spec}: exposes none of {', '.join(OPERATIONS)}")
+    impl.skip_reason = ARRAY_KINDS[array].unavailable_reason()
+    return impl
+
+
+def load_implementation(spec: str) -> Implementation:
+    """Load ``MODULE[:ATTR]`` (importable from the current directory or PYTHONPATH) or ``builtin:NAME``."""
+    if spec.startswith("builtin:"):
+        found = {impl.name: impl for impl in builtin_implementations()}
+        name = spec.split(":", 1)[1]
+        if name not in found:
+            raise ImplementationLoadError(f"{spec}: no built-in named {name!r}; built-ins: {sorted(found)}")
+        return found[name]
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ImplementationLoadError(
+            f"--impl {spec}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    obj = module
+    if attr:
+        try:
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            raise ImplementationLoadError(f"--impl {spec}: module {module_name!r} has no attribute {attr!r}") from None
+    default_name = (attr or module_name).replace(".", "_").replace(":", "_")
+    return from_object(obj, default_name, spec)
+
+
+def builtin_implementations() -> list[Implementation]:
+    from . import builtin
+
+    impls = []
+    for cls in builtin.BUILTINS:
+        impl = from_object(cls, cls.NAME, f"builtin:{cls.NAME}")
+        impls.append(impl)
+    return impls
+
+
+def cast(array: np.ndarray, dtype: str) -> np.ndarray:
+    return np.asarray(array).astype(numpy_dtype(dtype))
+
+
+__all__ = [
+    "DTYPE_NAMES",
+    "Implementation",
+    "ImplementationLoadError",
+    "builtin_implementations",
+    "cast",
+    "dtype_name",
+    "load_implementation",
+]

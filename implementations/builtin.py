@@ -1,0 +1,299 @@
+"""Built-in implementations: one small class per framework code path.
+
+Each class meets the contract in ``implementations/__init__.py``: it exposes
+``softmax``, ``sdpa`` and ``multi_head_attention`` on its framework's arrays and
+declares ARRAY, DTYPES and FULLY_MASKED_ROWS. Frameworks are imported inside the
+methods, never at module import, so listing the built-ins imports no framework.
+
+Paths:
+  numpy_oracle  the float64 oracle of conformance/oracle.py (float64 only)
+  numpy_native  the same math computed in the input dtype, rounding after every step
+  torch_math    hand-written torch ops
+  torch_sdpa    torch.nn.functional.scaled_dot_product_attention
+  jax_dpa       jax.nn.dot_product_attention (XLA path)
+  jax_numpy     hand-written jax.numpy
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def _head_groups(q, k) -> int:
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq % hkv:
+        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
+    return hq // hkv
+
+
+def _split_heads(x, num_heads, xp):
+    b, length, width = x.shape
+    return xp.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
+
+
+def _merge_heads(x, xp):
+    b, h, length, width = x.shape
+    return xp.swapaxes(x, 1, 2).reshape(b, length, h * width)
+
+
+def _project(x, params, name):
+    y = x @ params["w_" + name]
+    bias = params.get("b_" + name)
+    return y if bias is None else y + bias
+
+
+def _mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, xp):
+    """Multi-head attention over any sdpa; the array namespace xp supplies reshape helpers."""
+    q = _split_heads(_project(query, params, "q"), num_heads, xp)
+    k = _split_heads(_project(key, params, "k"), num_heads, xp)
+    v = _split_heads(_project(value, params, "v"), num_heads, xp)
+    context = sdpa(q, k, v, mask=mask, is_causal=is_causal)
+    return _project(_merge_heads(context, xp), params, "o")
+
+
+class NumpyOracle:
+    NAME = "numpy_oracle"
+    ARRAY = "numpy"
+    DTYPES = ("float64",)
+
+    @staticmethod
+    def softmax(x, axis=-1):
+        from conformance import oracle
+
+        return oracle.softmax(x, axis=axis)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        from conformance import oracle
+
+        return oracle.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
+    @staticmethod
+    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+        from conformance import oracle
+
+        return oracle.multi_head_attention(query, key, value, params, num_heads, mask=mask, is_causal=is_causal)
+
+
+class NumpyNative:
+    """The oracle's math in the input dtype: every intermediate is rounded to it.
+
+    NumPy promotes bfloat16 products to float32, so for bfloat16 each matmul
+    accumulates in float32 and is rounded once; float16 accumulates in float16.
+    """
+
+    NAME = "numpy_native"
+    ARRAY = "numpy"
+    DTYPES = ALL_DTYPES
+
+    @staticmethod
+    def softmax(x, axis=-1):
+        dtype = x.dtype
+        shifted = (x - np.max(x, axis=axis, keepdims=True)).astype(dtype)
+        e = np.exp(shifted).astype(dtype)
+        return (e / np.sum(e, axis=axis, keepdims=True, dtype=dtype)).astype(dtype)
+
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
+        dtype = q.dtype
+        group = _head_groups(q, k)
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        lq, lk = q.shape[-2], k.shape[-2]
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scores = ((q @ np.swapaxes(k, -1, -2)).astype(dtype) * dtype.type(scale)).astype(dtype)
+        allowed = np.ones((lq, lk), dtype=bool)
+        if is_causal:
+            allowed = np.tril(allowed)
+        if mask is not None and mask.dtype == np.bool_:
+            allowed = allowed & mask
+        elif mask is not None:
+            scores = (scores + mask).astype(dtype)
+        scores = np.where(allowed, scores, dtype.type(-np.inf))
+        row_max = np.max(scores, axis=-1, keepdims=True)
+        empty = np.isneginf(row_max)
+        e = np.exp((scores - np.where(empty, 0, row_max)).astype(dtype)).astype(dtype)
+        total = np.sum(e, axis=-1, keepdims=True, dtype=dtype)
+        weights = (e / np.where(empty, 1, total)).astype(dtype)
+        return (weights @ v).astype(dtype)
+
+    @classmethod
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+        dtype = query.dtype
+        rounded = {name: p for name, p in params.items()}
+
+        def project(x, name):
+            return _project(x, rounded, name).astype(dtype)
+
+        q = _split_heads(project(query, "q"), num_heads, np)
+        k = _split_heads(project(key, "k"), num_heads, np)
+        v = _split_heads(project(value, "v"), num_heads, np)
+        context = cls.sdpa(q, k, v, mask=mask, is_causal=is_causal)
+        return project(_merge_heads(context, np), "o")
+
+
+class TorchMath:
+    """Hand-written torch: matmul, masked_fill, softmax, matmul, in the input dtype."""
+
+    NAME = "torch_math"
+    ARRAY = "torch"
+    DTYPES = ALL_DTYPES
+
+    @staticmethod
+    def softmax(x, axis=-1):
+        import torch
+
+        return torch.softmax(x, dim=axis)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        import torch
+
+        group = _head_groups(q, k)
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        lq, lk = q.shape[-2], k.shape[-2]
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scores = (q @ k.transpose(-1, -2)) * scale
+        allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        if is_causal:
+            allowed = allowed.tril()
+        if mask is not None and mask.dtype == torch.bool:
+            allowed = allowed & mask
+        elif mask is not None:
+            scores = scores + mask
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        # A row with no attendable key is 0/0 in softmax; the contract says zeros.
+        weights = weights.masked_fill(scores.isneginf().all(-1, keepdim=True), 0.0)
+        return weights @ v
+
+    @classmethod
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+        import torch
+
+        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch)
+
+
+class TorchSDPA:
+    """torch.nn.functional.scaled_dot_product_attention (whichever kernel torch picks)."""
+
+    NAME = "torch_sdpa"
+    ARRAY = "torch"
+    DTYPES = ALL_DTYPES
+
+    @staticmethod
+    def softmax(x, axis=-1):
+        import torch.nn.functional as F
+
+        return F.softmax(x, dim=axis)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        import torch.nn.functional as F
+
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+
+    @classmethod
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+        import torch
+
+        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch)
+
+
+class JaxDotProductAttention:
+    """jax.nn.dot_product_attention; a fully masked row averages v (declared)."""
+
+    NAME = "jax_dpa"
+    ARRAY = "jax"
+    DTYPES = ALL_DTYPES
+    FULLY_MASKED_ROWS = "uniform"
+
+    @staticmethod
+    def softmax(x, axis=-1):
+        import jax
+
+        return jax.nn.softmax(x, axis=axis)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        import jax
+        import jax.numpy as jnp
+
+        if k.shape[-1] != v.shape[-1]:
+            raise NotImplementedError("jax.nn.dot_product_attention requires Dv == Dk")
+        bias = boolean = None
+        if mask is not None:
+            mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
+            if mask.dtype == jnp.bool_:
+                boolean = mask
+            else:
+                bias = mask
+        out = jax.nn.dot_product_attention(
+            jnp.swapaxes(q, 1, 2),  # the API's layout is (B, L, H, D)
+            jnp.swapaxes(k, 1, 2),
+            jnp.swapaxes(v, 1, 2),
+            bias=bias,
+            mask=boolean,
+            scale=scale,
+            is_causal=is_causal,
+        )
+        return jnp.swapaxes(out, 1, 2)
+
+    @classmethod
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+        import jax.numpy as jnp
+
+        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, jnp)
+
+
+class JaxNumpy:
+    """Hand-written jax.numpy in the input dtype."""
+
+    NAME = "jax_numpy"
+    ARRAY = "jax"
+    DTYPES = ALL_DTYPES
+
+    @staticmethod
+    def softmax(x, axis=-1):
+        import jax.numpy as jnp
+
+        shifted = x - jnp.max(x, axis=axis, keepdims=True)
+        e = jnp.exp(shifted)
+        return e / jnp.sum(e, axis=axis, keepdims=True)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        import jax.numpy as jnp
+
+        group = _head_groups(q, k)
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+        lq, lk = q.shape[-2], k.shape[-2]
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * jnp.asarray(scale, q.dtype)
+        allowed = jnp.ones((lq, lk), dtype=bool)
+        if is_causal:
+            allowed = jnp.tril(allowed)
+        if mask is not None and mask.dtype == jnp.bool_:
+            allowed = allowed & mask
+        elif mask is not None:
+            scores = scores + mask
+        scores = jnp.where(allowed, scores, -jnp.inf)
+        row_max = jnp.max(scores, axis=-1, keepdims=True)
+        any_allowed = jnp.isfinite(row_max)
+        e = jnp.exp(scores - jnp.where(any_allowed, row_max, 0))
+        weights = e / jnp.where(any_allowed, jnp.sum(e, axis=-1, keepdims=True), 1)
+        return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v)
+
+    @classmethod
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+        import jax.numpy as jnp
+
+        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, jnp)
+
+
+BUILTINS = (NumpyOracle, NumpyNative, TorchMath, TorchSDPA, JaxDotProductAttention, JaxNumpy)
