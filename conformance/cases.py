@@ -5,7 +5,6 @@ receives. The oracle is always evaluated on those rounded inputs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,17 +14,25 @@ from implementations._arrays import numpy_dtype
 ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params")
 
 
-@dataclass
 class Case:
-    op: str  # softmax | sdpa | multi_head_attention
-    inputs: dict[str, Any]  # arrays (float64 or bool) and options (axis, scale, is_causal, num_heads)
-    clauses: tuple[str, ...]  # the first one is named when the values disagree
-    label: str  # a readable id: the fixture id, or a summary of a generated case
-    mask_kind: str = "none"
-    notes: dict[str, Any] = field(default_factory=dict)
+    """op: softmax | sdpa | multi_head_attention; inputs: arrays (float64 or bool) and options
+    (axis, scale, is_causal, num_heads); clauses: the first is named when values disagree;
+    label: a readable id (the fixture id, or a summary of a generated case).
+
+    A plain class, not a dataclass, so that Hypothesis prints the one-line repr in
+    falsifying examples instead of every array.
+    """
+
+    def __init__(self, op: str, inputs: dict[str, Any], clauses: tuple[str, ...], label: str,
+                 mask_kind: str = "none", notes: dict[str, Any] | None = None):
+        self.op, self.inputs, self.clauses, self.label = op, inputs, tuple(clauses), label
+        self.mask_kind, self.notes = mask_kind, dict(notes or {})
 
     def __repr__(self) -> str:
         return f"Case({self.op}: {self.label})"
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # Hypothesis's falsifying-example printer
+        printer.text(repr(self))
 
     def rounded(self, dtype: str) -> dict[str, Any]:
         """Inputs as the implementation gets them: float arrays rounded to ``dtype``, booleans kept."""

@@ -22,8 +22,30 @@ RECORDS: list[CaseRecord] = []  # every judged case of the session, for the repo
 MAX_REPRO_ELEMENTS = 4096
 
 
-class Unsupported(Exception):
-    pass
+LAST_UNSUPPORTED = [""]  # the latest reason, for a property test whose every case was unsupported
+
+
+def declared_deviation(reason: str):
+    """A failure the implementation declared (KNOWN_DEVIATIONS): xfail, or inside Hypothesis, drop the example."""
+    LAST_UNSUPPORTED[0] = f"declared deviation: {reason}"
+    from hypothesis import reject
+    from hypothesis.control import currently_in_test_context
+
+    if currently_in_test_context():
+        reject()
+    pytest.xfail(f"declared deviation: {reason}")
+
+
+def unsupported(reason: str):
+    """Report a case as unsupported: inside Hypothesis the example is rejected (the test goes on
+    with others), elsewhere the test is skipped. Never a failure."""
+    LAST_UNSUPPORTED[0] = reason
+    from hypothesis import reject
+    from hypothesis.control import currently_in_test_context
+
+    if currently_in_test_context():
+        reject()
+    pytest.skip(f"unsupported: {reason}")
 
 
 def expected_output(case: Case, inputs: dict, policy: str = "zeros") -> np.ndarray:
@@ -72,10 +94,29 @@ class Judge:
             )
         if size > MAX_REPRO_ELEMENTS:
             return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
-        return repro(self.impl.spec, case.op, inputs, self.dtype, self.device, self.impl.fully_masked_rows)
+        return repro(self.impl.spec, case.op, inputs, self.dtype, self.device, self.impl.policy_for(inputs.get("mask")))
+
+    def facts(self, case: Case, inputs: dict) -> dict:
+        """What a declared deviation's ``when`` may look at."""
+        mask = inputs.get("mask")
+        a = widen(inputs)
+        facts = {
+            "op": case.op, "dtype": self.dtype, "device": self.device, "scale": inputs.get("scale"),
+            "is_causal": bool(inputs.get("is_causal", False)),
+            "mask_kind": "none" if mask is None else ("bool" if mask.dtype == np.bool_ else "float"),
+            "fully_masked": False,
+        }
+        if case.op == "sdpa":
+            facts.update(Lq=a["q"].shape[-2], Lk=a["k"].shape[-2])
+            facts["fully_masked"] = bool(oracle.fully_masked_rows(a["q"], a["k"], a.get("mask"), facts["is_causal"]).any())
+        return facts
 
     def fail(self, clause: str, case: Case, inputs: dict, problem: str, worst: str = "", record=None):
         __tracebackhide__ = True
+        reason = self.impl.declared_deviation(clause, self.facts(case, inputs))
+        if reason:
+            self.record(case, clause, "deviation", message=f"{problem} -- declared: {reason}")
+            declared_deviation(f"{clause}: {reason}")
         message = failure_message(
             clause=clause,
             impl_name=self.impl.name,
@@ -116,14 +157,14 @@ class Judge:
         reason = self.impl.unsupported_reason(case.op, inputs, self.dtype, self.device)
         if reason:
             self.record(case, case.clauses[0], "unsupported", message=reason)
-            pytest.skip(f"unsupported: {reason}")
+            unsupported(reason)
         __tracebackhide__ = True
         raised = None
         try:
             got = self.impl.call(case.op, case.arrays(inputs), case.options(), self.device)
         except NotImplementedError as exc:
             self.record(case, case.clauses[0], "unsupported", message=str(exc))
-            pytest.skip(f"unsupported: {self.impl.name} raised NotImplementedError: {exc}")
+            unsupported(f"{self.impl.name} raised NotImplementedError: {exc}")
         except Exception as exc:  # contained: this case fails, the session goes on
             where = traceback.extract_tb(exc.__traceback__)[-1]
             raised = f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
@@ -151,7 +192,7 @@ class Judge:
         """Compare with the oracle under the tolerance model and the declared fully-masked-row policy."""
         __tracebackhide__ = True
         clause = clause or case.clauses[0]
-        policy = self.impl.fully_masked_rows if case.op != "softmax" else "zeros"
+        policy = self.impl.policy_for(inputs.get("mask")) if case.op != "softmax" else "zeros"
         want = expected_output(case, inputs, policy)
         allowed = np.broadcast_to(allowed_error(case, inputs, self.dtype, policy), want.shape)
         want_nan = np.isnan(want)

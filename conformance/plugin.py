@@ -96,9 +96,9 @@ def _selected_devices(config) -> tuple[str, ...]:
     return DEVICES if choice == "all" else (choice,)
 
 
-def _selected_dtypes(config, impl: Implementation) -> list[str]:
+def _selected_dtypes(config, impl: Implementation, device: str) -> list[str]:
     wanted = config.getoption("dtype") or DTYPE_NAMES
-    return [d for d in DTYPE_NAMES if d in impl.dtypes and d in wanted]
+    return [d for d in DTYPE_NAMES if d in impl.dtypes_on(device) and d in wanted]
 
 
 def implementation_params(config, op: str | None):
@@ -109,7 +109,7 @@ def implementation_params(config, op: str | None):
         if impl.declared_devices is not None:
             devices = [d for d in devices if d in impl.declared_devices]
         for device in devices:
-            for dtype in _selected_dtypes(config, impl):
+            for dtype in _selected_dtypes(config, impl, device):
                 marks = []
                 if impl.skip_reason:
                     marks.append(pytest.mark.skip(reason=impl.skip_reason))
@@ -152,8 +152,12 @@ def require_device(impl: Implementation, device: str) -> None:
 def register_hypothesis_profiles() -> None:
     from hypothesis import HealthCheck, settings
 
-    common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    settings.register_profile("dev", max_examples=25, **common)
+    common = dict(
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                               HealthCheck.function_scoped_fixture],
+    )
+    settings.register_profile("dev", max_examples=10, **common)
     settings.register_profile("ci", max_examples=25, derandomize=True, database=None, print_blob=True, **common)
     settings.register_profile("thorough", max_examples=250, **common)
     settings.load_profile("dev")  # --hypothesis-profile NAME overrides this

@@ -6,6 +6,7 @@ the field. Everything here is read once per session and cached.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = ROOT / "spec"
-FIXTURES_DIR = ROOT / "fixtures"
+# Another fixtures directory can be validated and run by pointing this variable at it.
+FIXTURES_DIR = Path(os.environ.get("ATTENTION_CONFORMANCE_FIXTURES", ROOT / "fixtures"))
 SEEDS_DIR = ROOT.parent / "shared" / "seeds"
 
 REQUIRED_INPUTS = {

@@ -28,18 +28,19 @@ def fixture_case(fx: Fixture) -> Case:
                 notes={"fixture": fx.id})
 
 
-def test_fixture(fixture_case: Fixture, impl, device, dtype, request):
+def test_fixture(fixture_case: Fixture, impl, device, dtype):
     fx = fixture_case
     require_device(impl, device)
-    judge = Judge(impl, dtype, device, request.node.nodeid)
+    judge = Judge(impl, dtype, device, f"test_fixture[{fx.id}]")
     case = globals()["fixture_case"](fx)
     got, inputs = judge.run(case)
     judge.judge(case, got, inputs)
     agreement.keep(case.label, impl.name, device, dtype, got)
     if fx.expected is None or dtype not in model()["fixtures"]["direct_comparison_dtypes"]:
         return
-    distance = np.abs(got - fx.expected)
-    within = distance <= fx.atol + fx.rtol * np.abs(fx.expected)
+    same_special = (np.isnan(got) & np.isnan(fx.expected)) | (np.isinf(got) & (got == fx.expected))
+    with np.errstate(invalid="ignore"):
+        within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected))
     if fx.kind == "example" and not within.all():
         index = tuple(int(i) for i in np.argwhere(~within)[0])
         judge.fail(fx.clauses[0], case, inputs,

@@ -10,11 +10,20 @@ or more of
 
 and optionally the attributes
 
-    DTYPES             names among float64, float32, float16, bfloat16 (default float32, float64)
+    DTYPES             names among float64, float32, float16, bfloat16 (default float32, float64),
+                       or a dict {device: names} when they differ per device
     ARRAY              "numpy" (default), "torch" or "jax": the array type it takes and returns
     DEVICES            devices it runs on, e.g. ("cpu", "cuda"); default: every device of ARRAY present
-    FULLY_MASKED_ROWS  "zeros" (default), "nan" or "uniform"
+    FULLY_MASKED_ROWS  "zeros" (default), "nan" or "uniform" (the mean of v over all keys),
+                       or a dict {"bool": ..., "float": ...} when it depends on the mask kind
+                       ("bool" also covers rows emptied by is_causal)
     NAME               the id shown in test ids and reports (default: the --impl spec)
+    KNOWN_DEVIATIONS   documented departures from a clause, each a dict
+                       {"clause": id, "when": callable(facts) -> bool, "reason": text};
+                       a failure of that clause on a case whose facts match is reported
+                       as a deviation (xfail), never hidden. facts: op, dtype, device,
+                       scale, is_causal, mask_kind ("none", "bool", "float"), Lq, Lk,
+                       fully_masked (the case has a row with no attendable key)
 
 An operation that is not exposed is reported as not implemented, never as a
 failure. A keyword the signature does not accept (no ``scale`` parameter, say)

@@ -27,20 +27,25 @@ class ImplementationLoadError(Exception):
     """An --impl that cannot be imported or does not meet the contract; the message is one line."""
 
 
-@dataclass
+@dataclass(repr=False)
 class Implementation:
     name: str
     obj: Any
     array: str = "numpy"
-    dtypes: tuple[str, ...] = ("float32", "float64")
+    dtypes: tuple[str, ...] = ("float32", "float64")  # every dtype declared on some device
+    dtypes_by_device: dict | None = None  # when DTYPES is a dict {device: dtypes}
     declared_devices: tuple[str, ...] | None = None
-    fully_masked_rows: str = "zeros"
+    fully_masked_rows: str | dict = "zeros"  # or {"bool": policy, "float": policy}
+    known_deviations: tuple = ()  # ({"clause", "when", "reason"}, ...) declared by the implementation
     spec: str = ""  # how to load it again (module[:attr] or builtin:name), used in repros
     skip_reason: str | None = None
     _signatures: dict = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
         return f"Implementation({self.spec or self.name!r})"
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # Hypothesis's falsifying-example printer
+        printer.text(repr(self))
 
     # ------------------------------------------------------------------ facts
     def operation(self, op: str):
@@ -71,8 +76,8 @@ class Implementation:
             return self.skip_reason
         if not self.implements(op):
             return f"{self.name} does not implement {op}"
-        if dtype not in self.dtypes:
-            return f"{self.name} does not declare dtype {dtype} (DTYPES={list(self.dtypes)})"
+        if dtype not in self.dtypes_on(device):
+            return f"{self.name} does not declare dtype {dtype} on {device} (DTYPES={list(self.dtypes_on(device))})"
         if device not in self.devices():
             return f"{self.name} does not run on {device} (devices: {self.devices()})"
         accepted = self.accepted_keywords(op)
@@ -81,6 +86,25 @@ class Implementation:
                 if key not in accepted and _differs(kwargs.get(key, default), default):
                     return f"{self.name}.{op} has no '{key}' parameter"
         return None
+
+    def declared_deviation(self, clause: str, facts: dict) -> str | None:
+        """The reason of a declared deviation covering a failure of ``clause`` on a case with these facts."""
+        for deviation in self.known_deviations:
+            if deviation["clause"] == clause and deviation["when"](facts):
+                return deviation["reason"]
+        return None
+
+    def dtypes_on(self, device: str) -> tuple[str, ...]:
+        if self.dtypes_by_device is None:
+            return self.dtypes
+        return tuple(self.dtypes_by_device.get(device, ()))
+
+    def policy_for(self, mask) -> str:
+        """The declared fully-masked-row policy for a case with this mask (None, bool or float)."""
+        if isinstance(self.fully_masked_rows, str):
+            return self.fully_masked_rows
+        kind = "float" if mask is not None and np.asarray(mask).dtype != np.bool_ else "bool"
+        return self.fully_masked_rows.get(kind, "zeros")
 
     def devices(self) -> list[str]:
         arrays = ARRAY_KINDS[self.array]
@@ -125,10 +149,11 @@ class Implementation:
             "name": self.name,
             "spec": self.spec,
             "array": self.array,
-            "dtypes": list(self.dtypes),
+            "dtypes": {d: list(self.dtypes_on(d)) for d in ("cpu", "cuda")} if self.dtypes_by_device else list(self.dtypes),
             "devices": self.devices(),
             "operations": {op: self.implements(op) for op in OPERATIONS},
             "fully_masked_rows": self.fully_masked_rows,
+            "known_deviations": [{"clause": d["clause"], "reason": d["reason"]} for d in self.known_deviations],
             "skip_reason": self.skip_reason,
         }
 
@@ -150,23 +175,41 @@ def from_object(obj, name: str, spec: str) -> Implementation:
     array = getattr(obj, "ARRAY", "numpy")
     if array not in ARRAY_KINDS:
         raise ImplementationLoadError(f"{spec}: ARRAY={array!r} is not one of {sorted(ARRAY_KINDS)}")
-    dtypes = tuple(getattr(obj, "DTYPES", ("float32", "float64")))
+    declared_dtypes = getattr(obj, "DTYPES", ("float32", "float64"))
+    by_device = None
+    if isinstance(declared_dtypes, dict):
+        by_device = {device: tuple(names) for device, names in declared_dtypes.items()}
+        dtypes = tuple(d for d in DTYPE_NAMES if any(d in names for names in by_device.values()))
+    else:
+        dtypes = tuple(declared_dtypes)
     unknown = [d for d in dtypes if d not in DTYPE_NAMES]
     if unknown:
         raise ImplementationLoadError(f"{spec}: DTYPES names unknown dtypes {unknown}; allowed: {list(DTYPE_NAMES)}")
     policy = getattr(obj, "FULLY_MASKED_ROWS", "zeros")
-    if policy not in FULLY_MASKED_POLICIES:
+    declared = policy.values() if isinstance(policy, dict) else [policy]
+    if (isinstance(policy, dict) and not set(policy) <= {"bool", "float"}) or any(
+        p not in FULLY_MASKED_POLICIES for p in declared
+    ):
         raise ImplementationLoadError(
-            f"{spec}: FULLY_MASKED_ROWS={policy!r} is not one of {list(FULLY_MASKED_POLICIES)}"
+            f"{spec}: FULLY_MASKED_ROWS={policy!r} must be one of {list(FULLY_MASKED_POLICIES)} "
+            "or a dict mapping 'bool' and/or 'float' (the mask kind) to one of them"
         )
     devices = getattr(obj, "DEVICES", None)
+    deviations = tuple(getattr(obj, "KNOWN_DEVIATIONS", ()))
+    for index, deviation in enumerate(deviations):
+        if not (isinstance(deviation, dict) and {"clause", "when", "reason"} <= set(deviation) and callable(deviation["when"])):
+            raise ImplementationLoadError(
+                f"{spec}: KNOWN_DEVIATIONS[{index}] must be a dict with 'clause', 'when' (a callable) and 'reason'"
+            )
     impl = Implementation(
         name=str(getattr(obj, "NAME", name)),
         obj=obj,
         array=array,
         dtypes=dtypes,
+        dtypes_by_device=by_device,
         declared_devices=tuple(devices) if devices is not None else None,
         fully_masked_rows=policy,
+        known_deviations=deviations,
         spec=spec,
     )
     if not any(impl.implements(op) for op in OPERATIONS):

@@ -54,6 +54,19 @@ def _mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, xp):
     return _project(_merge_heads(context, xp), params, "o")
 
 
+_JITTED: dict = {}
+
+
+def _jitted(fn):
+    """jax.jit of an sdpa body, compiled once per shape/dtype signature (op-by-op dispatch
+    would compile every primitive separately for each new shape, about 20 times slower)."""
+    if fn not in _JITTED:
+        import jax
+
+        _JITTED[fn] = jax.jit(fn, static_argnames=("is_causal", "scale"))
+    return _JITTED[fn]
+
+
 class NumpyOracle:
     NAME = "numpy_oracle"
     ARRAY = "numpy"
@@ -183,6 +196,14 @@ class TorchSDPA:
     NAME = "torch_sdpa"
     ARRAY = "torch"
     DTYPES = ALL_DTYPES
+    KNOWN_DEVIATIONS = (
+        {
+            "clause": "sdpa.finite",
+            "when": lambda facts: facts["scale"] == 0 and facts["is_causal"] and facts["mask_kind"] == "none",
+            "reason": "torch 2.13 CPU: scale=0.0 with is_causal=True returns NaN from the default (flash) CPU "
+            "kernel; the math backend returns the right result (measured with sdpa_kernel(SDPBackend.MATH))",
+        },
+    )
 
     @staticmethod
     def softmax(x, axis=-1):
@@ -192,8 +213,16 @@ class TorchSDPA:
 
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        import torch
         import torch.nn.functional as F
 
+        if is_causal and mask is not None:
+            # Some torch kernels refuse attn_mask with is_causal ("Explicit attn_mask should
+            # not be set when is_causal=True"); the contract intersects them, so fold the
+            # causal band into the mask here.
+            band = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+            mask = mask & band if mask.dtype == torch.bool else mask.masked_fill(~band, float("-inf"))
+            is_causal = False
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
         )
@@ -206,12 +235,32 @@ class TorchSDPA:
 
 
 class JaxDotProductAttention:
-    """jax.nn.dot_product_attention; a fully masked row averages v (declared)."""
+    """jax.nn.dot_product_attention.
+
+    A row fully masked by a boolean mask averages v (JAX masks with a large finite
+    negative, not -inf); a row whose float bias is all -inf is NaN (0/0). Both are
+    declared, measured on jax 0.10.2, and reported as deviations.
+
+    Dtypes on CPU, measured on jax 0.10.2: float64 inputs are computed at float32
+    precision (the XLA path asks dot_general for float32 results; errors around 1e-8
+    against the float64 oracle); float16 raises "The precision 'F16_F16_F32' is not
+    supported by dot_general on CPU"; bfloat16 raises "Algorithm not supported by the
+    ElementalIrEmitter: ALG_DOT_BF16_BF16_F32" for some small shapes. So only float32
+    is declared on CPU.
+    """
 
     NAME = "jax_dpa"
     ARRAY = "jax"
-    DTYPES = ALL_DTYPES
-    FULLY_MASKED_ROWS = "uniform"
+    DTYPES = {"cpu": ("float32",), "cuda": ("float32", "float16", "bfloat16")}
+    KNOWN_DEVIATIONS = (
+        {
+            "clause": "mask.fully-masked-row",
+            "when": lambda facts: facts["is_causal"] and facts["mask_kind"] == "float" and facts["fully_masked"],
+            "reason": "jax 0.10.2: is_causal masks with a large finite negative, so a row whose float bias is "
+            "-inf on every key the causal band allows attends the causally masked (future) keys instead",
+        },
+    )
+    FULLY_MASKED_ROWS = {"bool": "uniform", "float": "nan"}
 
     @staticmethod
     def softmax(x, axis=-1):
@@ -221,6 +270,12 @@ class JaxDotProductAttention:
 
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        if k.shape[-1] != v.shape[-1]:
+            raise NotImplementedError("jax.nn.dot_product_attention requires Dv == Dk")
+        return _jitted(JaxDotProductAttention._sdpa)(q, k, v, mask, is_causal=is_causal, scale=scale)
+
+    @staticmethod
+    def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
         import jax
         import jax.numpy as jnp
 
@@ -268,6 +323,10 @@ class JaxNumpy:
 
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        return _jitted(JaxNumpy._sdpa)(q, k, v, mask, is_causal=is_causal, scale=scale)
+
+    @staticmethod
+    def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
         import jax.numpy as jnp
 
         group = _head_groups(q, k)

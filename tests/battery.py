@@ -1,0 +1,93 @@
+"""Run the whole conformance battery in-process on one implementation, collecting verdicts.
+
+The self-check uses this to show that every broken zoo member is rejected by the
+clause it breaks and every correct one passes, without a pytest subprocess per
+member. Property tests run derandomized and without shrinking: the verdict, not
+the minimal example, is what the self-check needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import Phase, settings
+
+from conformance import agreement, checks, test_fixtures, test_properties
+from conformance.report import ConformanceFailure
+from conformance.specdata import fixtures
+
+PROPERTY_TESTS = [fn for name, fn in vars(test_properties).items() if name.startswith("test_") and callable(fn)]
+
+
+@dataclass
+class Verdicts:
+    failures: list[tuple[str, str, str]] = field(default_factory=list)  # (test, dtype, clause)
+    errors: list[tuple[str, str, str]] = field(default_factory=list)  # harness errors: (test, dtype, repr)
+    passed: int = 0
+
+    @property
+    def clauses(self) -> set[str]:
+        return {clause for _, _, clause in self.failures}
+
+
+def _op(fn) -> str | None:
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name == "op":
+            return mark.args[0]
+    return None
+
+
+def _run(verdicts: Verdicts, name: str, dtype: str, call) -> None:
+    try:
+        call()
+    except ConformanceFailure as failure:
+        verdicts.failures.append((name, dtype, failure.clause))
+    except pytest.skip.Exception:
+        pass
+    except Exception as exc:  # a bug of the suite, not a verdict
+        verdicts.errors.append((name, dtype, repr(exc)))
+    else:
+        verdicts.passed += 1
+
+
+def run_battery(impl, *, dtypes=("float64", "float32"), max_examples: int = 20, stop_on=frozenset()) -> Verdicts:
+    """Fixtures and property tests on CPU; stops early once a failure names a clause in ``stop_on``.
+
+    The run leaves no trace in the session's conformance records or agreement matrix.
+    """
+    kept_records, kept_outputs = list(checks.RECORDS), {k: dict(v) for k, v in agreement._OUTPUTS.items()}
+    try:
+        return _run_battery(impl, dtypes, max_examples, stop_on)
+    finally:
+        checks.RECORDS[:] = kept_records
+        agreement._OUTPUTS.clear()
+        agreement._OUTPUTS.update(kept_outputs)
+
+
+def _run_battery(impl, dtypes, max_examples, stop_on) -> Verdicts:
+    verdicts = Verdicts()
+    for dtype in [d for d in dtypes if d in impl.dtypes]:
+        for fx in fixtures():
+            if fx.op == "scores" or not impl.implements(fx.op):
+                continue
+            _run(verdicts, f"test_fixture[{fx.id}]", dtype,
+                 lambda: test_fixtures.test_fixture(fx, impl, "cpu", dtype))
+            if verdicts.clauses & stop_on:
+                return verdicts
+        for fn in PROPERTY_TESTS:
+            op = _op(fn)
+            if op and not impl.implements(op):
+                continue
+            inner = fn.__wrapped__  # the Hypothesis-wrapped test under @property_test
+            base = inner._hypothesis_internal_use_settings
+            inner._hypothesis_internal_use_settings = settings(
+                base, max_examples=max_examples, derandomize=True, database=None,
+                phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False, print_blob=False,
+            )
+            try:
+                _run(verdicts, fn.__name__, dtype, lambda: fn(impl=impl, device="cpu", dtype=dtype))
+            finally:
+                inner._hypothesis_internal_use_settings = base
+            if verdicts.clauses & stop_on:
+                return verdicts
+    return verdicts

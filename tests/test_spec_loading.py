@@ -1,0 +1,115 @@
+"""spec/ and fixtures/ are validated when the suite starts; a defect names file, entry and field."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from conformance import oracle
+from conformance.specdata import SpecError, clauses, fixtures, load_fixture_file, run_oracle
+
+pytestmark = pytest.mark.selfcheck
+
+GOOD = """
+document: 003_58636e0047490b73.txt
+title: test
+fixtures:
+  - id: tiny-softmax
+    kind: example
+    op: softmax
+    clauses: [softmax.definition]
+    source: "In [6]"
+    inputs:
+      x: [[0.0, 0.0]]
+    expected: [[0.5, 0.5]]
+    tolerance: {atol: 1.0e-12, reason: "exact halves, nothing rounded"}
+"""
+
+
+def _load(tmp_path, text):
+    path = tmp_path / "fixture.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_fixture_file(path, clauses())
+
+
+def test_a_valid_fixture_loads(tmp_path):
+    (fx,) = _load(tmp_path, GOOD)
+    assert fx.id == "tiny-softmax" and fx.expected.shape == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "change, field, words",
+    [
+        (("op: softmax", "op: attention"), "op", "is not one of"),
+        (("clauses: [softmax.definition]", "clauses: [softmax.nonexistent]"), "clauses[0]", "unknown clause"),
+        (("    source: \"In [6]\"\n", ""), None, "'source' is a required property"),
+        (("expected: [[0.5, 0.5]]", "expected: [[0.5, 0.5, 0.0]]"), "expected", "shape (1, 3) but the inputs give (1, 2)"),
+        (("x: [[0.0, 0.0]]", "x: [[0.0, 0.0], [1.0]]"), "inputs.x", "ragged"),
+    ],
+)
+def test_a_defect_names_file_entry_and_field(tmp_path, change, field, words):
+    with pytest.raises(SpecError) as raised:
+        _load(tmp_path, GOOD.replace(*change))
+    message = str(raised.value)
+    assert "fixture.yaml" in message and words in message
+    if field:
+        assert f"field {field!r}" in message and "entry 'tiny-softmax'" in message
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    with pytest.raises(SpecError, match=r"fixture.yaml: malformed YAML at line \d+"):
+        _load(tmp_path, GOOD + "  - id: [unclosed\n")
+
+
+def test_contradictory_sdpa_shapes_are_rejected(tmp_path):
+    text = GOOD.replace("op: softmax", "op: sdpa").replace(
+        "x: [[0.0, 0.0]]", "q: [[[[1.0, 2.0]]]]\n      k: [[[[1.0, 2.0, 3.0]]]]\n      v: [[[[1.0]]]]"
+    ).replace("    expected: [[0.5, 0.5]]\n", "").replace("    tolerance: {atol: 1.0e-12, reason: \"exact halves, nothing rounded\"}\n", "")
+    with pytest.raises(SpecError, match=r"field 'inputs.k'.*does not fit q"):
+        _load(tmp_path, text)
+
+
+def test_unsafe_yaml_tags_are_refused(tmp_path):
+    with pytest.raises(SpecError, match="malformed YAML"):
+        _load(tmp_path, GOOD.replace("title: test", "title: !!python/object/apply:os.system ['true']"))
+
+
+@pytest.mark.parametrize("fx", [f for f in fixtures()], ids=lambda f: f.id)
+def test_fixture_agrees_with_the_oracle(fx):
+    """Fixture integrity: the oracle reproduces every printed example and avoids every counterexample."""
+    got = run_oracle(fx)
+    if fx.expected is None:
+        assert np.all(np.isfinite(got) | np.isneginf(got))
+        return
+    same_special = (np.isnan(got) & np.isnan(fx.expected)) | (np.isinf(got) & (got == fx.expected))
+    with np.errstate(invalid="ignore"):
+        within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected))
+    if fx.kind == "example":
+        assert within.all(), f"{fx.id}: oracle differs from the printed values at {np.argwhere(~within)[:3].tolist()}"
+    else:
+        assert not within.all(), f"{fx.id}: the oracle reproduces the counterexample"
+
+
+def test_every_clause_is_exercised_somewhere():
+    """Each clause is named by a fixture or a property test (no clause is decoration)."""
+    import inspect
+
+    from conformance import checks, test_properties
+
+    named = {c for fx in fixtures() for c in fx.clauses}
+    sources = inspect.getsource(test_properties) + inspect.getsource(checks)
+    from conformance import strategies
+
+    sources += inspect.getsource(strategies)
+    unexercised = [cid for cid in clauses() if cid not in named and f'"{cid}"' not in sources]
+    assert not unexercised, f"clauses no test names: {unexercised}"
+
+
+def test_oracle_fully_masked_rows_policies():
+    q = np.ones((1, 1, 2, 2))
+    v = np.arange(4.0).reshape(1, 1, 2, 2)
+    mask = np.array([[True, True], [False, False]])
+    assert np.array_equal(oracle.sdpa(q, q, v, mask)[0, 0, 1], [0.0, 0.0])
+    assert np.isnan(oracle.sdpa(q, q, v, mask, fully_masked_rows_policy="nan")[0, 0, 1]).all()
+    assert np.array_equal(oracle.sdpa(q, q, v, mask, fully_masked_rows_policy="uniform")[0, 0, 1], [1.0, 2.0])

@@ -1,0 +1,34 @@
+"""The suite checks itself: every broken zoo member is rejected by the clause it breaks,
+every correct member passes (operations it lacks are unsupported, not failed)."""
+from __future__ import annotations
+
+import pytest
+
+import zoo
+from implementations import load_implementation
+
+from .battery import run_battery
+
+pytestmark = pytest.mark.selfcheck
+
+
+@pytest.mark.parametrize("member", zoo.member_names("broken"))
+def test_broken_member_is_rejected_by_its_clause(member):
+    module = zoo.load(member)
+    impl = load_implementation(f"zoo.{member}")
+    verdicts = run_battery(impl, dtypes=tuple(impl.dtypes), stop_on=module.EXPECTED_CLAUSES)
+    assert not verdicts.errors, f"the suite itself errored: {verdicts.errors[:3]}"
+    assert verdicts.failures, f"{member} ({module.BUG}) passed every case: the suite does not catch it"
+    assert verdicts.clauses & module.EXPECTED_CLAUSES, (
+        f"{member} was rejected, but by {sorted(verdicts.clauses)}, not by its bug's clause "
+        f"{sorted(module.EXPECTED_CLAUSES)} ({module.BUG})"
+    )
+
+
+@pytest.mark.parametrize("member", zoo.member_names("correct"))
+def test_correct_member_passes(member):
+    impl = load_implementation(f"zoo.{member}")
+    verdicts = run_battery(impl, dtypes=tuple(impl.dtypes), max_examples=10)
+    assert not verdicts.errors, f"the suite itself errored: {verdicts.errors[:3]}"
+    assert not verdicts.failures, f"a correct implementation was rejected: {verdicts.failures[:5]}"
+    assert verdicts.passed > 0
