@@ -1,13 +1,495 @@
-"""The HTML page written beside the JSON report (filled in by the report issue)."""
+"""The HTML page written beside the JSON report: one self-contained file.
+
+``write(report, path)`` takes the dict built by ``conformance.summary.build_report``
+(documented in docs/report.md and docs/report-schema.json) and writes a page that
+reads without the terminal: run header and environment, one summary per
+implementation, the clause x implementation matrix, the cross-backend agreement
+per dtype, a plot of error against allowed error, and every failure with its full
+message. CSS is inline and the plot is an embedded PNG, so the file can be mailed
+or uploaded as a CI artifact on its own. matplotlib is optional: without it the
+page says so and leaves the plot out. Every piece of text goes through html.escape.
+"""
 from __future__ import annotations
 
+import base64
 import html
+import io
+import math
+from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any, Iterable
+
+STATUSES = ("passed", "failed", "deviation", "unsupported", "skipped")
+DTYPE_ORDER = ("float64", "float32", "float16", "bfloat16")
+EXIT_MEANINGS = {
+    0: "every applicable case passed",
+    1: "some tests failed",
+    2: "the run was interrupted",
+    3: "internal error",
+    4: "usage error (bad option, spec or implementation)",
+    5: "no tests were collected",
+}
+STATUS_COLOURS = {  # background, text
+    "passed": ("#c7e9c0", "#14451a"),
+    "failed": ("#f8c4c4", "#6b0f0f"),
+    "deviation": ("#fde2b0", "#6b4300"),
+    "unsupported": ("#e4e4e4", "#444444"),
+    "skipped": ("#e4e4e4", "#444444"),
+    "none": ("#f3f3f3", "#8a8a8a"),
+}
+PLOT_COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "deviation": "#ef8f00"}
+MAX_FAILURE_GROUPS = 300
+
+CSS = """
+body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; color: #1d1d1d;
+       margin: 0 auto; padding: 1.2em 2em 3em; max-width: 1500px; }
+h1 { font-size: 1.6em; margin: 0 0 .2em; }
+h2 { font-size: 1.25em; margin: 1.8em 0 .5em; border-bottom: 1px solid #ddd; padding-bottom: .2em; }
+h3 { font-size: 1.05em; margin: 1.2em 0 .4em; }
+p.note, .note { color: #555; font-size: .92em; }
+table { border-collapse: collapse; margin: .4em 0 1em; }
+th, td { border: 1px solid #d6d6d6; padding: .25em .55em; text-align: left; vertical-align: top; }
+th { background: #f5f5f5; font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, pre, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: .9em; }
+pre { background: #f7f7f7; border: 1px solid #e2e2e2; padding: .6em .8em; overflow-x: auto; margin: .3em 0;
+      white-space: pre-wrap; word-break: break-word; }
+.badge { display: inline-block; padding: .1em .6em; border-radius: .8em; font-weight: 600; }
+.ok { background: #c7e9c0; color: #14451a; } .bad { background: #f8c4c4; color: #6b0f0f; }
+.meta td:first-child { font-weight: 600; background: #fafafa; }
+table.matrix td.cell { text-align: center; min-width: 6.5em; cursor: default; white-space: nowrap; }
+table.matrix th.clause { font-weight: normal; white-space: nowrap; }
+table.matrix th.impl { text-align: center; }
+.legend span { display: inline-block; padding: .1em .6em; margin-right: .4em; border: 1px solid #ccc; }
+table.failures td { max-width: 1100px; }
+.counts span { margin-right: .6em; white-space: nowrap; }
+img.plot { max-width: 100%; border: 1px solid #e2e2e2; }
+details summary { cursor: pointer; }
+"""
+
+
+def e(value: Any) -> str:
+    """Escape any value for HTML text or an attribute."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+# --------------------------------------------------------------------------- helpers
+def _table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "", numeric: Iterable[int] = ()) -> str:
+    """A table from already-escaped cell HTML."""
+    numeric = set(numeric)
+    head = "".join(f'<th{" class=num" if i in numeric else ""}>{h}</th>' for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(f'<td{" class=num" if i in numeric else ""}>{c}</td>' for i, c in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    return f'<table class="{e(cls)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return f"{value:.{digits}e}" if value != 0 else "0"
+    return str(value)
+
+
+def _dtype_key(dtype: str) -> tuple:
+    return (DTYPE_ORDER.index(dtype) if dtype in DTYPE_ORDER else len(DTYPE_ORDER), dtype)
+
+
+def _counts_text(counts: Counter) -> str:
+    parts = [f"{counts[s]} {s}" for s in STATUSES if counts.get(s)]
+    return ", ".join(parts) or "no cases"
+
+
+def _cell_status(counts: Counter) -> str:
+    if counts.get("failed"):
+        return "failed"
+    if counts.get("deviation"):
+        return "deviation"
+    if counts.get("passed"):
+        return "passed"
+    if counts.get("unsupported") or counts.get("skipped"):
+        return "unsupported"
+    return "none"
+
+
+def _policy_text(policy: Any) -> str:
+    if isinstance(policy, dict):
+        return ", ".join(f"{kind} mask: {value}" for kind, value in policy.items())
+    return str(policy)
+
+
+def _dtypes_text(dtypes: Any) -> str:
+    if isinstance(dtypes, dict):
+        return "; ".join(f"{device}: {', '.join(names) or 'none'}" for device, names in dtypes.items())
+    return ", ".join(dtypes or []) or "none"
+
+
+def _clause_ids(cases: list[dict]) -> tuple[list[str], dict[str, str]]:
+    """Clause ids in spec order (then any the cases name that the spec lacks) and their statements."""
+    statements: dict[str, str] = {}
+    try:
+        from .specdata import clauses
+
+        statements = {cid: clause.statement for cid, clause in clauses().items()}
+    except Exception:  # the page must still be written when spec/ cannot be read
+        statements = {}
+    ids = list(statements)
+    for case in cases:
+        cid = case.get("clause")
+        if cid and cid not in statements and cid not in ids:
+            ids.append(cid)
+    return ids, statements
+
+
+# --------------------------------------------------------------------------- sections
+def _header(report: dict, path: Path) -> str:
+    suite = report.get("suite") or {}
+    status = report.get("exit_status")
+    meaning = EXIT_MEANINGS.get(status, "unknown")
+    badge = "ok" if status == 0 else "bad"
+    commit = suite.get("commit")
+    json_name = path.with_suffix(".json").name
+    json_link = (f' · <a href="{e(json_name)}">{e(json_name)}</a> (the full JSON report)'
+                 if path.with_suffix(".json").exists() else "")
+    rows = [
+        ("suite", f"{e(suite.get('name', 'attention-conformance'))} {e(suite.get('version'))}"),
+        ("commit", f'<span class="mono" title="{e(commit)}">{e(commit or "unknown (not a git checkout)")}</span>'),
+        ("exit status", f'<span class="badge {badge}">{e(status)}</span> {e(meaning)}'),
+        ("report schema", f"version {e(report.get('schema_version'))}{json_link}"),
+    ]
+    meta = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
+    return f'<h1>attention-conformance report</h1><table class="meta">{meta}</table>'
+
+
+def _environment(report: dict) -> str:
+    env = report.get("environment") or {}
+    versions = env.get("versions") or {}
+    devices = env.get("devices") or {}
+    version_rows = [(e(name), e(v) if v else '<span class="note">not loaded in this run</span>')
+                    for name, v in versions.items()]
+    device_rows = [(e(name), e(v)) for name, v in devices.items()]
+    out = ["<h2>Environment</h2>", f'<p>Platform: <span class="mono">{e(env.get("platform"))}</span></p>',
+           '<div style="display:flex; gap:2em; flex-wrap:wrap"><div><h3>Versions</h3>',
+           _table(["package", "version"], version_rows, "meta"),
+           '<p class="note">A framework is listed only if the run imported it.</p></div>',
+           "<div><h3>Devices</h3>", _table(["device", "name"], device_rows, "meta"),
+           '<p class="note">cuda appears only when torch saw a GPU.</p></div></div>']
+    return "".join(out)
+
+
+def _implementations(report: dict, counts: dict[str, Counter], names: list[str]) -> str:
+    described = {d.get("name"): d for d in report.get("implementations") or []}
+    rows = []
+    for name in names:
+        d = described.get(name, {})
+        c = counts.get(name, Counter())
+        count_html = '<span class="counts">' + "".join(
+            f'<span style="background:{STATUS_COLOURS[s][0]};color:{STATUS_COLOURS[s][1]};padding:0 .3em">'
+            f"{c.get(s, 0)} {s}</span>" for s in STATUSES if c.get(s) or s in ("passed", "failed")
+        ) + "</span>"
+        ops = [op for op, present in (d.get("operations") or {}).items() if present]
+        deviations = d.get("known_deviations") or []
+        deviation_html = "<br>".join(f"<code>{e(x.get('clause'))}</code>: {e(x.get('reason'))}" for x in deviations) or "none"
+        devices = ", ".join(d.get("devices") or []) or "none present"
+        notes = e(d.get("skip_reason")) if d.get("skip_reason") else ""
+        rows.append([
+            f"<b>{e(name)}</b><br><span class=\"note mono\">{e(d.get('spec'))}</span>",
+            count_html,
+            e(_dtypes_text(d.get("dtypes"))),
+            e(_policy_text(d.get("fully_masked_rows", "zeros"))),
+            deviation_html,
+            e(", ".join(ops) or "none"),
+            f"{e(d.get('array', ''))}<br>{e(devices)}",
+            notes,
+        ])
+    return ("<h2>Implementations</h2>"
+            + _table(["implementation", "cases by status", "declared dtypes", "fully masked rows",
+                      "known deviations", "operations", "array / devices", "skipped because"], rows)
+            + '<p class="note">Counts are judged cases (a Hypothesis property contributes one per example it '
+              "ran, shrinking included), not pytest tests. <i>deviation</i>: a failure the implementation "
+              "declared in KNOWN_DEVIATIONS, or a fully masked row answered with its declared non-canonical "
+              "policy. <i>unsupported</i>: a case the implementation cannot take (dtype, keyword, "
+              "NotImplementedError); never a failure.</p>")
+
+
+def _matrix(cases: list[dict], names: list[str]) -> str:
+    ids, statements = _clause_ids(cases)
+    cells: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    detail: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for case in cases:
+        key = (case.get("clause"), case.get("implementation"))
+        cells[key][case.get("status")] += 1
+        detail[key][(case.get("device"), case.get("dtype"), case.get("status"))] += 1
+    head = '<th>clause</th>' + "".join(f'<th class="impl">{e(n)}</th>' for n in names)
+    body = []
+    for cid in ids:
+        row = [f'<th class="clause" id="clause-{e(cid)}" title="{e(statements.get(cid, "not in spec/clauses.yaml"))}">'
+               f"<code>{e(cid)}</code></th>"]
+        for name in names:
+            counts = cells.get((cid, name), Counter())
+            state = _cell_status(counts)
+            bg, fg = STATUS_COLOURS[state]
+            total = sum(counts.values())
+            if not total:
+                text = "—"
+            elif state == "failed":
+                text = f"✗ {counts['failed']} failed / {total}"
+            elif state == "deviation":
+                text = f"~ {counts['deviation']} dev. / {total}"
+            elif state == "passed":
+                text = f"✓ {counts['passed']}" + (f" / {total}" if total != counts["passed"] else "")
+            else:
+                text = f"{total} unsupported"
+            lines = [f"{cid} on {name}: {_counts_text(counts)}"]
+            per = defaultdict(Counter)
+            for (device, dtype, status), n in detail.get((cid, name), Counter()).items():
+                per[(device, dtype)][status] += n
+            for (device, dtype) in sorted(per, key=lambda k: (str(k[0]), _dtype_key(str(k[1])))):
+                lines.append(f"  {device}/{dtype}: {_counts_text(per[(device, dtype)])}")
+            row.append(f'<td class="cell" style="background:{bg};color:{fg}" title="{e(chr(10).join(lines))}">'
+                       f"{e(text)}</td>")
+        body.append("<tr>" + "".join(row) + "</tr>")
+    legend = "".join(f'<span style="background:{STATUS_COLOURS[s][0]};color:{STATUS_COLOURS[s][1]}">{label}</span>'
+                     for s, label in (("passed", "all passed"), ("failed", "any failed"),
+                                      ("deviation", "declared deviation, none failed"),
+                                      ("unsupported", "only unsupported"), ("none", "no case")))
+    return ("<h2>Clauses × implementations</h2>"
+            f'<p class="legend">{legend}</p>'
+            '<p class="note">Rows are the clauses of spec/clauses.yaml (hover a clause for its statement); '
+            "each cell counts the judged cases naming that clause. Hover a cell for counts per device and dtype. "
+            "A clause is credited with the case's main clause only, so a dash means no case was attributed to it "
+            "in this run, not that it was violated.</p>"
+            f'<table class="matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
+
+
+def _agreement(report: dict) -> str:
+    rows = report.get("agreement") or []
+    out = ["<h2>Cross-backend agreement</h2>"]
+    if not rows:
+        out.append('<p class="note">No pairs to compare: agreement needs two or more implementation × device '
+                   "combinations that ran the same fixture cases in the same dtype.</p>")
+        return "".join(out)
+    out.append('<p class="note">Each cell: max abs difference / max ULP distance in that dtype, over the fixture '
+               "cases both ran (hover for the count). Non-finite elements are left out.</p>")
+    by_dtype: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_dtype[row.get("dtype")].append(row)
+    for dtype in sorted(by_dtype, key=lambda d: _dtype_key(str(d))):
+        pairs = by_dtype[dtype]
+        endpoints = sorted({r.get("a") for r in pairs} | {r.get("b") for r in pairs})
+        lookup = {}
+        for r in pairs:
+            lookup[(r.get("a"), r.get("b"))] = lookup[(r.get("b"), r.get("a"))] = r
+        head = "<th></th>" + "".join(f"<th>{e(x)}</th>" for x in endpoints)
+        body = []
+        for left in endpoints:
+            tds = [f"<th>{e(left)}</th>"]
+            for right in endpoints:
+                r = lookup.get((left, right))
+                if left == right:
+                    tds.append('<td class="num note">·</td>')
+                elif r is None:
+                    tds.append('<td class="num note" title="no shared cases">—</td>')
+                else:
+                    tds.append(f'<td class="num" title="{e(r.get("cases"))} shared cases">'
+                               f"{e(_fmt(r.get('max_abs_diff')))} / {e(r.get('max_ulp'))} ulp</td>")
+            body.append("<tr>" + "".join(tds) + "</tr>")
+        out.append(f"<h3>{e(dtype)}</h3><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
+    return "".join(out)
+
+
+def _plot(cases: list[dict]) -> str:
+    out = ["<h2>Error against allowed error</h2>"]
+    points = [c for c in cases if c.get("max_abs_error") is not None and c.get("allowed") is not None]
+    if not points:
+        out.append('<p class="note">No judged case carries both an error and an allowed error.</p>')
+        return "".join(out)
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        out.append('<p class="note">matplotlib is not installed, so this plot is left out '
+                   '(<code>pip install matplotlib</code> or the <code>report</code> extra adds it). '
+                   f"{len(points)} cases carry an error and an allowed error; the JSON report has them all.</p>")
+        return "".join(out)
+    try:
+        image, notes = _render_plot(points, Figure, FigureCanvasAgg)
+    except Exception as exc:  # a plot must never cost the report
+        out.append(f'<p class="note">The plot could not be drawn: {e(type(exc).__name__)}: {e(exc)}</p>')
+        return "".join(out)
+    out.append(f'<img class="plot" alt="log-log scatter of max abs error against allowed error, one panel per dtype" '
+               f'src="data:image/png;base64,{image}">')
+    out.append('<p class="note">One panel per dtype; one point per judged case (x: the allowed error at the '
+               "case's worst element, i.e. the largest error/allowed ratio; y: the case's max abs error anywhere). "
+               "Points above the dashed line y = x broke or came close to their tolerance: the verdict compares "
+               "element by element (the ratio column of the JSON), so a passing point can sit slightly above "
+               "the line when its largest error falls where the tolerance is wider. Failures" whose verdict is not a tolerance comparison (wrong shape, exception, "
+               "non-finite output) carry no figures and are not drawn. " + e(" ".join(notes)) + "</p>")
+    return "".join(out)
+
+
+def _render_plot(points: list[dict], Figure, FigureCanvasAgg) -> tuple[str, list[str]]:
+    by_dtype: dict[str, list[dict]] = defaultdict(list)
+    for c in points:
+        by_dtype[str(c.get("dtype"))].append(c)
+    dtypes = sorted(by_dtype, key=_dtype_key)
+    ncols = min(len(dtypes), 2)
+    nrows = math.ceil(len(dtypes) / ncols)
+    fig = Figure(figsize=(6.2 * ncols, 4.6 * nrows), dpi=100)
+    FigureCanvasAgg(fig)
+    notes: list[str] = []
+    for index, dtype in enumerate(dtypes):
+        ax = fig.add_subplot(nrows, ncols, index + 1)
+        rows = by_dtype[dtype]
+        finite = [c for c in rows if _finite(c["allowed"]) and _finite(c["max_abs_error"])]
+        drawable = [c for c in finite if c["allowed"] > 0]
+        dropped = len(rows) - len(drawable)
+        if not drawable:
+            ax.text(0.5, 0.5, "no case with a positive allowed error", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(dtype)
+            continue
+        allowed = [c["allowed"] for c in drawable]
+        # Errors far below every tolerance (exact results included) sit on a floor four decades under the
+        # smallest allowed error, so a denormal error cannot stretch the axes over hundreds of decades.
+        floor = min(allowed) * 1e-4
+        hi = max(allowed + [c["max_abs_error"] for c in drawable]) * 3.0
+        lo = floor / 3.0
+        low_count = 0
+        for status in ("passed", "deviation", "failed"):
+            chosen = [c for c in drawable if c.get("status") == status]
+            if not chosen:
+                continue
+            xs = [c["allowed"] for c in chosen if c["max_abs_error"] >= floor]
+            ys = [c["max_abs_error"] for c in chosen if c["max_abs_error"] >= floor]
+            zx = [c["allowed"] for c in chosen if c["max_abs_error"] < floor]
+            low_count += len(zx)
+            colour = PLOT_COLOURS[status]
+            label = f"{status} ({len(chosen)})"
+            if xs:
+                ax.scatter(xs, ys, s=14, alpha=0.65, color=colour, edgecolors="none", label=label)
+            if zx:
+                ax.scatter(zx, [floor] * len(zx), s=18, marker="v", facecolors="none", edgecolors=colour,
+                           label=None if xs else label)
+        ax.plot([lo, hi], [lo, hi], "--", color="#555555", linewidth=1, label="y = x (error = allowed)")
+        if low_count:
+            ax.axhline(floor, color="#bbbbbb", linewidth=0.8, linestyle=":")
+            ax.text(lo * 1.5, floor * 1.6, f"{low_count} at or below the floor (exact included)", fontsize=7,
+                    color="#777777")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("allowed error")
+        ax.set_ylabel("max abs error")
+        ax.set_title(f"{dtype}: {len(drawable)} cases")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8)
+        if dropped:
+            notes.append(f"{dtype}: {dropped} case(s) with a zero or non-finite allowed error or error are not drawn.")
+        if low_count:
+            notes.append(f"{dtype}: {low_count} case(s) with an error below 1e-4 × the smallest allowed error "
+                         "(exact results included) are drawn as open triangles on the dotted floor line.")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return base64.b64encode(buffer.getvalue()).decode("ascii"), notes
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _failures(cases: list[dict]) -> str:
+    failed = [c for c in cases if c.get("status") == "failed"]
+    out = ["<h2>Failures</h2>"]
+    if not failed:
+        out.append('<p><span class="badge ok">none</span> No judged case failed.</p>')
+        return "".join(out)
+    # Hypothesis records every failing example it tries while shrinking and replays the smallest last, so
+    # one group per (implementation, test, clause, device, dtype) keeps the last record and counts the rest.
+    groups: dict[tuple, list[dict]] = {}
+    for c in failed:
+        key = (c.get("implementation"), c.get("test"), c.get("clause"), c.get("op"), c.get("device"), c.get("dtype"))
+        groups.setdefault(key, []).append(c)
+    keys = sorted(groups, key=lambda k: tuple(str(x) for x in k))
+    out.append(f'<p>{len(failed)} failed case record(s) in {len(groups)} group(s) (implementation × test × clause × '
+               "device × dtype). Each row shows the last record of its group — for a Hypothesis property, the "
+               "shrunk example it reported — with its full message and repro.</p>")
+    rows = []
+    for key in keys[:MAX_FAILURE_GROUPS]:
+        records = groups[key]
+        last = records[-1]
+        impl, test, clause, op, device, dtype = key
+        figures = ""
+        if last.get("max_abs_error") is not None:
+            figures = (f"<br>error {e(_fmt(last.get('max_abs_error')))}<br>allowed {e(_fmt(last.get('allowed')))}"
+                       f"<br>ratio {e(_fmt(last.get('ratio')))}")
+        shapes = ", ".join(f"{k}{tuple(v)}" for k, v in (last.get("shapes") or {}).items())
+        rows.append([
+            f"<b>{e(impl)}</b><br>{e(device)}/{e(dtype)}",
+            f'<a href="#clause-{e(clause)}"><code>{e(clause)}</code></a><br>'
+            f'<span class="note">{e(test or "property test")} ({e(op)})</span>',
+            f"{len(records)}{figures}",
+            f'<div class="note">case {e(last.get("case"))}<br>{e(shapes)}</div><pre>{e(last.get("message") or "(no message)")}</pre>',
+        ])
+    out.append(_table(["implementation", "clause / test", "records", "message"], rows, "failures"))
+    if len(keys) > MAX_FAILURE_GROUPS:
+        out.append(f'<p class="note">{len(keys) - MAX_FAILURE_GROUPS} more group(s) are in the JSON report.</p>')
+    return "".join(out)
+
+
+def _other_outcomes(cases: list[dict]) -> str:
+    """Deviations and unsupported cases, grouped by their reason."""
+    grouped: Counter = Counter()
+    for c in cases:
+        if c.get("status") in ("deviation", "unsupported", "skipped"):
+            grouped[(c.get("implementation"), c.get("status"), c.get("clause"), c.get("message") or "")] += 1
+    if not grouped:
+        return ""
+    rows = [[e(impl), e(status), f"<code>{e(clause)}</code>", f"<pre>{e(message)}</pre>", str(n)]
+            for (impl, status, clause, message), n in sorted(grouped.items(), key=lambda kv: tuple(map(str, kv[0])))]
+    return ("<h2>Deviations and unsupported cases</h2>"
+            + _table(["implementation", "status", "clause", "reason", "cases"], rows, numeric=[4]))
+
+
+# --------------------------------------------------------------------------- entry point
+def render(report: dict, path: Path) -> str:
+    """The page as a string (``write`` saves it)."""
+    path = Path(path)
+    cases = list(report.get("cases") or [])
+    counts: dict[str, Counter] = {name: Counter(c) for name, c in (report.get("summary") or {}).items()}
+    names = [d.get("name") for d in report.get("implementations") or []]
+    for c in cases:
+        if c.get("implementation") not in names:
+            names.append(c.get("implementation"))
+    for name in counts:
+        if name not in names:
+            names.append(name)
+    exit_status = report.get("exit_status")
+    title = f"attention-conformance — exit {exit_status} — {', '.join(str(n) for n in names)}"
+    sections = [
+        _header(report, path),
+        _environment(report),
+        _implementations(report, counts, names),
+        _matrix(cases, names),
+        _agreement(report),
+        _plot(cases),
+        _failures(cases),
+        _other_outcomes(cases),
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(title)}</title>"
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
 
 def write(report: dict, path: Path) -> None:
-    rows = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{html.escape(str(counts))}</td></tr>"
-        for name, counts in report["summary"].items()
-    )
-    path.write_text(f"<html><body><h1>attention-conformance</h1><table>{rows}</table></body></html>")
+    """Write the self-contained HTML page for ``report`` (the dict of summary.build_report) to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(report, path), encoding="utf-8")

@@ -136,16 +136,20 @@ def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_S
 
 @st.composite
 def mha_cases(draw, *, clauses=("mha.projections",), bias=st.booleans(), cross=st.booleans(),
-              mask_kinds=("none", "bool-2d", "key-padding", "float"), causal=st.booleans()) -> Case:
+              mask_kinds=("none", "bool-2d", "key-padding", "float"), causal=st.booleans(),
+              min_heads: int = 1, min_len: int = 1, head_width_free: bool = False) -> Case:
     b = draw(st.integers(1, MAX_BATCH), label="B")
-    h = draw(st.integers(1, 3), label="H")
-    lq = draw(st.integers(1, MAX_LEN), label="Lq")
+    h = draw(st.integers(min_heads, 3), label="H")
+    lq = draw(st.integers(min_len, MAX_LEN), label="Lq")
     is_cross = draw(cross, label="cross-attention")
     lk = draw(st.integers(1, MAX_LEN), label="Lk") if is_cross else lq
     e = draw(st.integers(1, 8), label="E")
     e_kv = draw(st.integers(1, 8), label="E_kv") if is_cross else e
     dk = draw(st.integers(1, 4), label="head Dk")
     dv = draw(st.integers(1, 4), label="head Dv")
+    if head_width_free and h * dk == e:
+        e += 1  # keep the head width away from E / H
+        e_kv = e_kv if is_cross else e
     with_bias = draw(bias, label="bias")
     is_causal = draw(causal, label="is_causal")
     kind = draw(st.sampled_from(mask_kinds), label="mask")

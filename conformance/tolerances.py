@@ -31,8 +31,12 @@ def _constants(section: str) -> dict:
 
 def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
     c = _constants("softmax")
-    n = np.shape(x)[axis]
-    return np.full(np.shape(x), unit_roundoff(dtype) * (c["c_out"] + c["c_acc"] * math.sqrt(n)))
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[axis]
+    u = unit_roundoff(dtype)
+    magnitude = np.max(np.where(np.isfinite(x), np.abs(x), 0.0), axis=axis, keepdims=True)
+    p = oracle.softmax(x, axis=axis)
+    return u * (c["c_out"] + c["c_acc"] * math.sqrt(n)) + c["c_shift"] * u * p * magnitude
 
 
 def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):

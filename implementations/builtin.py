@@ -234,6 +234,64 @@ class TorchSDPA:
         return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch)
 
 
+class TorchMultiheadAttentionModule:
+    """torch.nn.MultiheadAttention, its conventions translated to the contract.
+
+    The module stores weights as (out, in) (transposed here), packs q/k/v into
+    in_proj_weight when kdim == vdim == E (separate q/k/v_proj_weight otherwise),
+    has one bias switch for all projections (absent biases become zeros), and its
+    boolean attn_mask means "masked out" (inverted here). It supports only
+    H * Dk == H * Dv == E (head width E / H) and an output width E; other
+    parameter shapes raise NotImplementedError (unsupported, not failed).
+    """
+
+    NAME = "torch_nn_mha"
+    ARRAY = "torch"
+    DTYPES = ALL_DTYPES
+
+    @staticmethod
+    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+        import torch
+
+        e, e_kv = query.shape[-1], key.shape[-1]
+        w_q, w_k, w_v, w_o = (params[n] for n in ("w_q", "w_k", "w_v", "w_o"))
+        if not (w_q.shape[1] == w_k.shape[1] == w_v.shape[1] == e == w_o.shape[0] == w_o.shape[1]):
+            raise NotImplementedError("nn.MultiheadAttention needs H*Dk == H*Dv == E and an output width E")
+        if key.shape[-1] != value.shape[-1] and e_kv != e:
+            raise NotImplementedError("nn.MultiheadAttention needs kdim == vdim here")
+        module = torch.nn.MultiheadAttention(
+            e, num_heads, bias=True, kdim=e_kv, vdim=e_kv, batch_first=True, dtype=query.dtype, device=query.device
+        )
+
+        def bias(name, width):
+            b = params.get("b_" + name)
+            return torch.zeros(width, dtype=query.dtype, device=query.device) if b is None else b
+
+        with torch.no_grad():
+            if module._qkv_same_embed_dim:
+                module.in_proj_weight.copy_(torch.cat([w_q.T, w_k.T, w_v.T]))
+            else:
+                module.q_proj_weight.copy_(w_q.T)
+                module.k_proj_weight.copy_(w_k.T)
+                module.v_proj_weight.copy_(w_v.T)
+            module.in_proj_bias.copy_(torch.cat([bias("q", e), bias("k", e), bias("v", e)]))
+            module.out_proj.weight.copy_(w_o.T)
+            module.out_proj.bias.copy_(bias("o", e))
+        b, lq, lk = query.shape[0], query.shape[1], key.shape[1]
+        allowed = torch.ones(lq, lk, dtype=torch.bool, device=query.device)
+        if is_causal:
+            allowed = allowed.tril()
+        if mask is None or mask.dtype == torch.bool:
+            keep = allowed if mask is None else allowed & mask
+            # nn.MultiheadAttention: True means "not allowed to attend".
+            attn_mask = ~keep.expand(b, num_heads, lq, lk).reshape(b * num_heads, lq, lk)
+        else:
+            bias_ = mask.masked_fill(~allowed, float("-inf"))
+            attn_mask = bias_.expand(b, num_heads, lq, lk).reshape(b * num_heads, lq, lk)
+        out, _ = module(query, key, value, attn_mask=attn_mask, need_weights=False)
+        return out
+
+
 class JaxDotProductAttention:
     """jax.nn.dot_product_attention.
 
@@ -355,4 +413,4 @@ class JaxNumpy:
         return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, jnp)
 
 
-BUILTINS = (NumpyOracle, NumpyNative, TorchMath, TorchSDPA, JaxDotProductAttention, JaxNumpy)
+BUILTINS = (NumpyOracle, NumpyNative, TorchMath, TorchSDPA, TorchMultiheadAttentionModule, JaxDotProductAttention, JaxNumpy)

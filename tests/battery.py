@@ -12,11 +12,16 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import Phase, settings
 
-from conformance import agreement, checks, test_fixtures, test_properties
+from conformance import agreement, checks, test_fixtures, test_mha, test_properties
 from conformance.report import ConformanceFailure
 from conformance.specdata import fixtures
 
-PROPERTY_TESTS = [fn for name, fn in vars(test_properties).items() if name.startswith("test_") and callable(fn)]
+PROPERTY_TESTS = [
+    fn
+    for module in (test_properties, test_mha)
+    for name, fn in vars(module).items()
+    if name.startswith("test_") and callable(fn) and hasattr(fn, "__wrapped__")
+]
 
 
 @dataclass

@@ -95,10 +95,10 @@ def test_every_clause_is_exercised_somewhere():
     """Each clause is named by a fixture or a property test (no clause is decoration)."""
     import inspect
 
-    from conformance import checks, test_properties
+    from conformance import checks, test_mha, test_properties
 
     named = {c for fx in fixtures() for c in fx.clauses}
-    sources = inspect.getsource(test_properties) + inspect.getsource(checks)
+    sources = inspect.getsource(test_properties) + inspect.getsource(checks) + inspect.getsource(test_mha)
     from conformance import strategies
 
     sources += inspect.getsource(strategies)
