@@ -329,8 +329,8 @@ def _plot(cases: list[dict]) -> str:
                "case's worst element, i.e. the largest error/allowed ratio; y: the case's max abs error anywhere). "
                "Points above the dashed line y = x broke or came close to their tolerance: the verdict compares "
                "element by element (the ratio column of the JSON), so a passing point can sit slightly above "
-               "the line when its largest error falls where the tolerance is wider. Failures" whose verdict is not a tolerance comparison (wrong shape, exception, "
-               "non-finite output) carry no figures and are not drawn. " + e(" ".join(notes)) + "</p>")
+               "the line when its largest error falls where the tolerance is wider. Failures whose verdict is not a "
+               "tolerance comparison (wrong shape, exception, non-finite output) carry no figures and are not drawn. " + e(" ".join(notes)) + "</p>")
     return "".join(out)
 
 

@@ -134,8 +134,11 @@ def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_S
     return Case("softmax", inputs, tuple(clauses), label)
 
 
+BIAS_KINDS = ("none", "input", "output", "all")
+
+
 @st.composite
-def mha_cases(draw, *, clauses=("mha.projections",), bias=st.booleans(), cross=st.booleans(),
+def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_KINDS), cross=st.booleans(),
               mask_kinds=("none", "bool-2d", "key-padding", "float"), causal=st.booleans(),
               min_heads: int = 1, min_len: int = 1, head_width_free: bool = False) -> Case:
     b = draw(st.integers(1, MAX_BATCH), label="B")
@@ -150,7 +153,7 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.booleans(), cross=s
     if head_width_free and h * dk == e:
         e += 1  # keep the head width away from E / H
         e_kv = e_kv if is_cross else e
-    with_bias = draw(bias, label="bias")
+    with_bias = draw(bias, label="bias")  # which projections carry a bias
     is_causal = draw(causal, label="is_causal")
     kind = draw(st.sampled_from(mask_kinds), label="mask")
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
@@ -163,8 +166,8 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.booleans(), cross=s
         "w_v": rng.standard_normal((e_kv, h * dv)) / np.sqrt(e_kv),
         "w_o": rng.standard_normal((h * dv, e)) / np.sqrt(h * dv),
     }
-    if with_bias:
-        params.update({f"b_{n}": rng.standard_normal(params[f"w_{n}"].shape[1]) for n in "qkvo"})
+    biased = {"none": "", "input": "qkv", "output": "o", "all": "qkvo"}[with_bias]
+    params.update({f"b_{n}": rng.standard_normal(params[f"w_{n}"].shape[1]) for n in biased})
     inputs = {"query": x, "key": kv, "value": kv, "params": params, "num_heads": h}
     if kind != "none":
         inputs["mask"] = _build_mask(rng, kind, mask_shape(kind, b, h, lq, lk), lq, lk, is_causal, False)

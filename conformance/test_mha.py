@@ -30,35 +30,42 @@ def test_mha_matches_oracle(impl, device, dtype, case):
 
 
 @property_test
-@given(case=mha_cases(bias=st.just(True), cross=st.just(False), mask_kinds=("none",), causal=st.just(False),
+@given(case=mha_cases(bias=st.just("input"), cross=st.just(False), mask_kinds=("none",), causal=st.just(False),
                       clauses=("mha.projections",)))
 def test_mha_projection_biases(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
 @property_test
-@given(case=mha_cases(bias=st.just(False), mask_kinds=("none",), causal=st.just(False), clauses=("mha.head-split",),
+@given(case=mha_cases(bias=st.just("output"), cross=st.just(False), mask_kinds=("none",), causal=st.just(False),
+                      clauses=("mha.output-projection",)))
+def test_mha_output_projection(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@property_test
+@given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.just(False), clauses=("mha.head-split",),
                       min_heads=2))
 def test_mha_head_split(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
 @property_test
-@given(case=mha_cases(bias=st.just(False), mask_kinds=("none",), causal=st.just(True), clauses=("mha.head-merge",),
+@given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.just(True), clauses=("mha.head-merge",),
                       min_heads=2, min_len=2))
 def test_mha_head_merge(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
 @property_test
-@given(case=mha_cases(bias=st.just(False), mask_kinds=("none",), causal=st.just(False), clauses=("mha.scale-head-dim",),
+@given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.just(False), clauses=("mha.scale-head-dim",),
                       min_heads=2, min_len=2))
 def test_mha_scale_is_head_width(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
 @property_test
-@given(case=mha_cases(bias=st.just(True), mask_kinds=("none",), causal=st.just(False), clauses=("mha.head-width-free",),
+@given(case=mha_cases(bias=st.just("all"), mask_kinds=("none",), causal=st.just(False), clauses=("mha.head-width-free",),
                       head_width_free=True))
 def test_mha_head_width_not_e_over_h(impl, device, dtype, case):
     check(impl, device, dtype, case)

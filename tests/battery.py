@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from conformance import agreement, checks, test_fixtures, test_mha, test_properties
 from conformance.report import ConformanceFailure
@@ -36,7 +36,12 @@ class Verdicts:
 
 
 def _op(fn) -> str | None:
-    for mark in getattr(fn, "pytestmark", []):
+    """The contract operation a test exercises: its own op mark, else its module's."""
+    import sys
+
+    module_marks = getattr(sys.modules[fn.__module__], "pytestmark", [])
+    module_marks = module_marks if isinstance(module_marks, list) else [module_marks]
+    for mark in [*getattr(fn, "pytestmark", []), *module_marks]:
         if mark.name == "op":
             return mark.args[0]
     return None
@@ -88,6 +93,7 @@ def _run_battery(impl, dtypes, max_examples, stop_on) -> Verdicts:
             inner._hypothesis_internal_use_settings = settings(
                 base, max_examples=max_examples, derandomize=True, database=None,
                 phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False, print_blob=False,
+                suppress_health_check=list(HealthCheck),
             )
             try:
                 _run(verdicts, fn.__name__, dtype, lambda: fn(impl=impl, device="cpu", dtype=dtype))

@@ -1,0 +1,189 @@
+"""Gradients of an implementation's sdpa, and the tolerance model that judges them.
+
+``gradients(impl, inputs, d_out, device)`` differentiates the implementation's own
+sdpa with its framework's autodiff: for ARRAY "torch" the inputs become leaf
+tensors with requires_grad and ``out.backward(d_out)`` runs; for ARRAY "jax"
+``jax.vjp`` runs over a function of (q, k, v[, mask]) calling sdpa. Only a float
+(additive) mask is differentiated; a boolean mask is a constant. 16-bit inputs are
+differentiated as the framework does it, in that dtype; the results are widened to
+float64 for the comparison. Frameworks are imported only inside the functions.
+
+``backward_allowed`` evaluates the ``sdpa_backward`` section of spec/tolerances.yaml
+(the derivation is written there) against the float64 analytic backward of
+conformance/oracle_backward.py.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from implementations._arrays import ARRAY_KINDS
+
+from . import oracle, oracle_backward
+from .tolerances import model, unit_roundoff
+
+GRADIENT_ARRAYS = ("torch", "jax")
+GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "mask": "dmask"}
+
+
+class NotDifferentiable(Exception):
+    """The implementation's output carries no gradient (detached, or not a framework array)."""
+
+
+def _keywords(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The optional keywords of the call, defaults left out (as Implementation.call does)."""
+    kwargs = {}
+    if inputs.get("is_causal", False):
+        kwargs["is_causal"] = True
+    if inputs.get("scale") is not None:
+        kwargs["scale"] = inputs["scale"]
+    return kwargs
+
+
+def gradients(impl, inputs: dict[str, Any], d_out: np.ndarray, device: str) -> dict[str, np.ndarray | None]:
+    """Output and gradients of ``impl.obj.sdpa`` at ``inputs`` (rounded to the dtype) for upstream ``d_out``.
+
+    Returns float64 NumPy arrays under "out", "dq", "dk", "dv" and, for a float mask,
+    "dmask"; a gradient that did not reach its input is None. Raises
+    NotDifferentiable when the output carries no gradient at all, and lets the
+    implementation's own exceptions (NotImplementedError included) through.
+    """
+    if impl.array == "torch":
+        return _torch_gradients(impl, inputs, d_out, device)
+    if impl.array == "jax":
+        return _jax_gradients(impl, inputs, d_out, device)
+    raise ValueError(f"{impl.name}: gradients need ARRAY 'torch' or 'jax', not {impl.array!r}")
+
+
+def _differentiated(inputs: dict[str, Any]) -> list[str]:
+    names = ["q", "k", "v"]
+    if oracle_backward.is_float_mask(inputs.get("mask")):
+        names.append("mask")
+    return names
+
+
+def _to_f64(kind, value) -> np.ndarray | None:
+    return None if value is None else np.asarray(kind.to_numpy(value)).astype(np.float64)
+
+
+def _torch_gradients(impl, inputs, d_out, device):
+    import torch
+
+    kind = ARRAY_KINDS["torch"]
+    leaves = {}
+    for name in _differentiated(inputs):
+        leaves[name] = kind.to_native(np.asarray(inputs[name]), device).detach().requires_grad_(True)
+    mask = leaves.get("mask")
+    if mask is None and inputs.get("mask") is not None:
+        mask = kind.to_native(np.asarray(inputs["mask"]), device)  # a boolean mask: a constant
+    kwargs = _keywords(inputs)
+    if mask is not None:
+        kwargs["mask"] = mask
+    with torch.enable_grad():
+        out = impl.obj.sdpa(leaves["q"], leaves["k"], leaves["v"], **kwargs)
+        if not isinstance(out, torch.Tensor):
+            raise NotDifferentiable(f"sdpa returned {type(out).__name__}, not a torch.Tensor")
+        if not out.requires_grad:
+            raise NotDifferentiable("the output does not require grad (the graph was cut: detach, NumPy or no_grad)")
+        grad_out = kind.to_native(np.asarray(d_out), device).to(out.dtype)
+        out.backward(grad_out)
+    grads = {"out": _to_f64(kind, out)}
+    for name, leaf in leaves.items():
+        grads[GRAD_NAMES[name]] = _to_f64(kind, leaf.grad)
+    return grads
+
+
+def _jax_gradients(impl, inputs, d_out, device):
+    import jax
+
+    kind = ARRAY_KINDS["jax"]
+    names = _differentiated(inputs)
+    primals = [kind.to_native(np.asarray(inputs[name]), device) for name in names]
+    constant_mask = None
+    if "mask" not in names and inputs.get("mask") is not None:
+        constant_mask = kind.to_native(np.asarray(inputs["mask"]), device)
+    kwargs = _keywords(inputs)
+
+    def forward(*arrays):
+        named = dict(zip(names, arrays))
+        mask = named.get("mask", constant_mask)
+        extra = dict(kwargs, mask=mask) if mask is not None else kwargs
+        return impl.obj.sdpa(named["q"], named["k"], named["v"], **extra)
+
+    out, vjp = jax.vjp(forward, *primals)
+    cotangents = vjp(kind.to_native(np.asarray(d_out), device).astype(out.dtype))
+    grads = {"out": _to_f64(kind, out)}
+    for name, grad in zip(names, cotangents):
+        grads[GRAD_NAMES[name]] = _to_f64(kind, grad)
+    return grads
+
+
+# ------------------------------------------------------------------ tolerance
+def _constants() -> dict[str, float]:
+    m = model()
+    return {k: float(v) * m["safety_factor"] for k, v in m["sdpa_backward"].items() if k.startswith("c_")}
+
+
+def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str,
+                     constants: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+    """Allowed absolute error per element of dq, dk, dv (and dmask for a float mask).
+
+    ``constants`` overrides the spec's (already multiplied by the safety factor);
+    the calibration passes all ones to measure raw ratios.
+    """
+    c = _constants() if constants is None else constants
+    u = unit_roundoff(dtype)
+    eta = float(model()["sdpa_backward"]["underflow"][dtype])  # absolute error of one rounding near 0
+    a = oracle_backward.attention_parts(q, k, v, d_out, mask, is_causal, scale)
+    q64, k_rep, v_rep, d_o, p, dp, ds, sc = (a[n] for n in ("q", "k", "v", "d_out", "p", "dp", "ds", "scale"))
+    hq, hkv = q64.shape[1], np.shape(k)[1]
+    group = hq // hkv
+    lq, lk, dk_, dv_ = q64.shape[-2], k_rep.shape[-2], q64.shape[-1], v_rep.shape[-1]
+    abs_sc = abs(sc)
+    attended = p > 0
+
+    def t(x):
+        return np.swapaxes(x, -1, -2)
+
+    def rounding(n):  # relative error of an accumulation of n products and a final rounding
+        return u * (c["c_acc"] * math.sqrt(n) + c["c_out"])
+
+    # 1. scores: the forward model's score error (inner product, scaling, mask addition)
+    bias = oracle.attention_bias(mask, is_causal, lq, lk)
+    finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
+    score_err = c["c_score"] * (u * (math.sqrt(dk_) * abs_sc * (np.abs(q64) @ t(np.abs(k_rep))) + finite_bias) + eta)
+    # 2. weights: |dP_ij| <= P_ij (exp(D_ij + log sum_l P_il exp(D_il)) - 1), exact for |ds| <= D,
+    #    plus the rounding of exp and of the normalising sum over Lk keys; never more than 1.
+    d_capped = np.where(attended, np.minimum(score_err, 50.0), 0.0)
+    row_d = np.log(np.maximum(np.sum(p * np.exp(d_capped), axis=-1, keepdims=True), 1.0))
+    weight_err = np.minimum(1.0, p * (np.expm1(d_capped + row_d) + rounding(lk)) + c["c_out"] * eta * attended)
+    # 3. dP = dO V^T and the row term rowsum(dP * P) (= rowsum(dO * O))
+    a_abs = np.abs(d_o) @ t(np.abs(v_rep))                        # |dO| |V|^T >= |dP|
+    dp_err = c["c_acc"] * u * math.sqrt(dv_) * a_abs + c["c_out"] * eta
+    row_err = np.sum(weight_err * a_abs + p * dp_err, axis=-1, keepdims=True) + \
+        rounding(lk) * np.sum(p * a_abs, axis=-1, keepdims=True)
+    # 4. dS = P * (dP - row)
+    centred = np.abs(dp - np.sum(dp * p, axis=-1, keepdims=True))
+    ds_err = (weight_err + p) * (dp_err + row_err) + (weight_err + c["c_out"] * u * p) * centred \
+        + c["c_out"] * eta * attended
+    abs_ds = np.abs(ds)
+    final = c["c_out"] * eta  # the result's own underflow
+
+    allowed = {
+        # dQ = scale dS K
+        "dq": abs_sc * (ds_err @ np.abs(k_rep) + rounding(lk) * (abs_ds @ np.abs(k_rep))) + final,
+        # dK = scale dS^T Q, then summed over the group (one sum of group * Lq products)
+        "dk": oracle_backward.sum_kv_groups(abs_sc * (t(ds_err) @ np.abs(q64)), hkv)
+        + rounding(group * lq) * oracle_backward.sum_kv_groups(abs_sc * (t(abs_ds) @ np.abs(q64)), hkv) + final,
+        # dV = P^T dO, then summed over the group
+        "dv": oracle_backward.sum_kv_groups(t(weight_err) @ np.abs(d_o), hkv)
+        + rounding(group * lq) * oracle_backward.sum_kv_groups(t(p) @ np.abs(d_o), hkv) + final,
+    }
+    if oracle_backward.is_float_mask(mask):
+        shape = np.shape(mask)
+        summed = max(1, ds.size // max(1, int(np.prod(shape))))
+        allowed["dmask"] = oracle_backward.reduce_to_shape(ds_err, shape) + rounding(summed) * \
+            oracle_backward.reduce_to_shape(abs_ds, shape) + final
+    return allowed
