@@ -66,7 +66,11 @@ def _print_impls(impls) -> None:
         d = impl.describe()
         ops = ", ".join(op for op, present in d["operations"].items() if present) or "none"
         print(f"{d['name']:<16} {d['spec']}")
-        print(f"    array={d['array']} dtypes={','.join(d['dtypes'])} fully_masked_rows={d['fully_masked_rows']}")
+        dtypes = d["dtypes"]
+        dtypes = "; ".join(f"{dev}: {','.join(v) or 'none'}" for dev, v in dtypes.items()) if isinstance(dtypes, dict) else ",".join(dtypes)
+        print(f"    array={d['array']} dtypes={dtypes} fully_masked_rows={d['fully_masked_rows']}")
+        for deviation in d["known_deviations"]:
+            print(f"    declared deviation of {deviation['clause']}: {deviation['reason']}")
         print(f"    operations: {ops}")
         if d["skip_reason"]:
             print(f"    skipped: {d['skip_reason']}")

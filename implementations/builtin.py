@@ -9,7 +9,10 @@ Paths:
   numpy_oracle  the float64 oracle of conformance/oracle.py (float64 only)
   numpy_native  the same math computed in the input dtype, rounding after every step
   torch_math    hand-written torch ops
-  torch_sdpa    torch.nn.functional.scaled_dot_product_attention
+  torch_sdpa    torch.nn.functional.scaled_dot_product_attention (torch picks the kernel)
+  torch_sdpa_flash, torch_sdpa_efficient, torch_sdpa_cudnn
+                the same pinned to one CUDA kernel (CUDA only)
+  torch_nn_mha  torch.nn.MultiheadAttention (multi_head_attention only)
   jax_dpa       jax.nn.dot_product_attention (XLA path)
   jax_numpy     hand-written jax.numpy
 """
@@ -234,6 +237,48 @@ class TorchSDPA:
         return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch)
 
 
+class _TorchSDPAKernel(TorchSDPA):
+    """torch SDPA pinned to one CUDA kernel with torch.nn.attention.sdpa_kernel.
+
+    A case the kernel rejects (torch raises "No available kernel") is unsupported,
+    not failed: kernels legitimately refuse some dtypes, masks and head sizes.
+    """
+
+    ARRAY = "torch"
+    DEVICES = ("cuda",)
+    BACKEND = ""
+
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(getattr(SDPBackend, cls.BACKEND)):
+            try:
+                return TorchSDPA.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+            except RuntimeError as exc:
+                if "No available kernel" in str(exc):
+                    raise NotImplementedError(f"{cls.BACKEND}: {str(exc).splitlines()[0]}") from None
+                raise
+
+
+class TorchFlashAttention(_TorchSDPAKernel):
+    NAME = "torch_sdpa_flash"
+    DTYPES = ("float16", "bfloat16")
+    BACKEND = "FLASH_ATTENTION"
+
+
+class TorchMemoryEfficientAttention(_TorchSDPAKernel):
+    NAME = "torch_sdpa_efficient"
+    DTYPES = ("float32", "float16", "bfloat16")
+    BACKEND = "EFFICIENT_ATTENTION"
+
+
+class TorchCuDNNAttention(_TorchSDPAKernel):
+    NAME = "torch_sdpa_cudnn"
+    DTYPES = ("float16", "bfloat16")
+    BACKEND = "CUDNN_ATTENTION"
+
+
 class TorchMultiheadAttentionModule:
     """torch.nn.MultiheadAttention, its conventions translated to the contract.
 
@@ -413,4 +458,15 @@ class JaxNumpy:
         return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, jnp)
 
 
-BUILTINS = (NumpyOracle, NumpyNative, TorchMath, TorchSDPA, TorchMultiheadAttentionModule, JaxDotProductAttention, JaxNumpy)
+BUILTINS = (
+    NumpyOracle,
+    NumpyNative,
+    TorchMath,
+    TorchSDPA,
+    TorchFlashAttention,
+    TorchMemoryEfficientAttention,
+    TorchCuDNNAttention,
+    TorchMultiheadAttentionModule,
+    JaxDotProductAttention,
+    JaxNumpy,
+)

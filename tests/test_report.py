@@ -140,7 +140,7 @@ def test_the_page_escapes_text_and_survives_without_matplotlib(tmp_path, monkeyp
     "under pytest-xdist the case records stay in the workers: the controller writes an empty report "
     "(conformance/summary.py, conformance/plugin.py); remove this mark once worker records are merged"))
 def test_a_report_under_xdist_has_the_workers_records(tmp_path):
-    done, json_path, _ = run_with_report(tmp_path, "examples.my_attention", "-k", "test_fixture", "-n", "2")
+    done, json_path, _ = run_with_report(tmp_path, "examples.my_attention", "-k", "test_fixture", "-n", "1")
     assert done.returncode == 0, done.stdout[-3000:]
     report = json.loads(json_path.read_text())
     assert report["summary"].get("examples_my_attention", {}).get("passed", 0) > 0
