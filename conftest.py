@@ -58,3 +58,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_sessionfinish(session, exitstatus):
     support.write_report(session, exitstatus)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist: a worker finished; merge its conformance records into the controller's."""
+    support.receive_from_worker(node)

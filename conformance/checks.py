@@ -6,6 +6,7 @@ with the tolerance model and explains the worst element.
 """
 from __future__ import annotations
 
+import os
 import traceback
 
 import numpy as np
@@ -81,6 +82,8 @@ class Judge:
     """Judges cases of one implementation on one device and dtype; knows how to word a verdict."""
 
     def __init__(self, impl: Implementation, dtype: str, device: str, test_name: str = ""):
+        # pytest names the running test in PYTEST_CURRENT_TEST ("path::name[id] (call)").
+        test_name = test_name or os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
         self.impl, self.dtype, self.device, self.test_name = impl, dtype, device, test_name
 
     # ------------------------------------------------------------- plumbing
@@ -130,7 +133,10 @@ class Judge:
             worst=worst,
             snippet=self._snippet(case, inputs),
         )
-        record = record or self.record(case, clause, "failed")
+        if record is None:
+            record = self.record(case, clause, "failed")
+        else:
+            RECORDS.append(record)
         record.status, record.message = "failed", message
         raise ConformanceFailure(clause, message, record)
 

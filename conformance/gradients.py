@@ -142,7 +142,7 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str,
     group = hq // hkv
     lq, lk, dk_, dv_ = q64.shape[-2], k_rep.shape[-2], q64.shape[-1], v_rep.shape[-1]
     abs_sc = abs(sc)
-    attended = p > 0
+    attended = p > 0  # keys with a nonzero weight in exact arithmetic
 
     def t(x):
         return np.swapaxes(x, -1, -2)
@@ -153,7 +153,14 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str,
     # 1. scores: the forward model's score error (inner product, scaling, mask addition)
     bias = oracle.attention_bias(mask, is_causal, lq, lk)
     finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
-    score_err = c["c_score"] * (u * (math.sqrt(dk_) * abs_sc * (np.abs(q64) @ t(np.abs(k_rep))) + finite_bias) + eta)
+    # (an underflow of q * scale or k * scale, eta per element, moves a score by eta * sum |k| or sum |q|)
+    underflow = eta * (1.0 + np.sum(np.abs(q64), axis=-1)[..., :, None] + np.sum(np.abs(k_rep), axis=-1)[..., None, :])
+    # (and the softmax's own shift s - max(s) is rounded: u * |s_ij - max_l s_il|)
+    s = np.where(attended, oracle.scores(q64, k_rep, mask, is_causal, scale), 0.0)
+    shift = np.abs(s - np.max(np.where(attended, s, -np.inf), axis=-1, keepdims=True, initial=-np.inf))
+    shift = np.where(attended, shift, 0.0)
+    score_err = c["c_score"] * (u * (math.sqrt(dk_) * abs_sc * (np.abs(q64) @ t(np.abs(k_rep))) + finite_bias + shift)
+                                + underflow)
     # 2. weights: |dP_ij| <= P_ij (exp(D_ij + log sum_l P_il exp(D_il)) - 1), exact for |ds| <= D,
     #    plus the rounding of exp and of the normalising sum over Lk keys; never more than 1.
     d_capped = np.where(attended, np.minimum(score_err, 50.0), 0.0)
@@ -170,13 +177,17 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str,
         + c["c_out"] * eta * attended
     abs_ds = np.abs(ds)
     final = c["c_out"] * eta  # the result's own underflow
+    # scale * dS may underflow (eta per element) before the product with K or Q
+    scaled_ds_underflow = c["c_out"] * eta * attended
 
     allowed = {
         # dQ = scale dS K
-        "dq": abs_sc * (ds_err @ np.abs(k_rep) + rounding(lk) * (abs_ds @ np.abs(k_rep))) + final,
+        "dq": abs_sc * (ds_err @ np.abs(k_rep) + rounding(lk) * (abs_ds @ np.abs(k_rep)))
+        + scaled_ds_underflow @ np.abs(k_rep) + final,
         # dK = scale dS^T Q, then summed over the group (one sum of group * Lq products)
         "dk": oracle_backward.sum_kv_groups(abs_sc * (t(ds_err) @ np.abs(q64)), hkv)
-        + rounding(group * lq) * oracle_backward.sum_kv_groups(abs_sc * (t(abs_ds) @ np.abs(q64)), hkv) + final,
+        + rounding(group * lq) * oracle_backward.sum_kv_groups(abs_sc * (t(abs_ds) @ np.abs(q64)), hkv)
+        + oracle_backward.sum_kv_groups(t(scaled_ds_underflow) @ np.abs(q64), hkv) + final,
         # dV = P^T dO, then summed over the group
         "dv": oracle_backward.sum_kv_groups(t(weight_err) @ np.abs(d_o), hkv)
         + rounding(group * lq) * oracle_backward.sum_kv_groups(t(p) @ np.abs(d_o), hkv) + final,

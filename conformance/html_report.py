@@ -130,21 +130,23 @@ def _dtypes_text(dtypes: Any) -> str:
     return ", ".join(dtypes or []) or "none"
 
 
-def _clause_ids(cases: list[dict]) -> tuple[list[str], dict[str, str]]:
-    """Clause ids in spec order (then any the cases name that the spec lacks) and their statements."""
+def _clause_ids(cases: list[dict]) -> tuple[list[str], dict[str, str], dict[str, tuple[str, ...]]]:
+    """Clause ids in spec order (then any the cases name that the spec lacks), statements and bound operations."""
     statements: dict[str, str] = {}
+    binds: dict[str, tuple[str, ...]] = {}
     try:
         from .specdata import clauses
 
-        statements = {cid: clause.statement for cid, clause in clauses().items()}
+        for cid, clause in clauses().items():
+            statements[cid], binds[cid] = clause.statement, tuple(clause.binds)
     except Exception:  # the page must still be written when spec/ cannot be read
-        statements = {}
+        statements, binds = {}, {}
     ids = list(statements)
     for case in cases:
         cid = case.get("clause")
         if cid and cid not in statements and cid not in ids:
             ids.append(cid)
-    return ids, statements
+    return ids, statements, binds
 
 
 # --------------------------------------------------------------------------- sections
@@ -195,7 +197,9 @@ def _implementations(report: dict, counts: dict[str, Counter], names: list[str])
         ) + "</span>"
         ops = [op for op, present in (d.get("operations") or {}).items() if present]
         deviations = d.get("known_deviations") or []
-        deviation_html = "<br>".join(f"<code>{e(x.get('clause'))}</code>: {e(x.get('reason'))}" for x in deviations) or "none"
+        deviation_html = "<br>".join(
+            f"<code>{e(x.get('clause'))}</code>: {e(x.get('reason'))}" for x in deviations
+        ) or "none"
         devices = ", ".join(d.get("devices") or []) or "none present"
         notes = e(d.get("skip_reason")) if d.get("skip_reason") else ""
         rows.append([
@@ -218,8 +222,8 @@ def _implementations(report: dict, counts: dict[str, Counter], names: list[str])
               "NotImplementedError); never a failure.</p>")
 
 
-def _matrix(cases: list[dict], names: list[str]) -> str:
-    ids, statements = _clause_ids(cases)
+def _matrix(cases: list[dict], names: list[str], described: dict[str, dict]) -> str:
+    ids, statements, binds = _clause_ids(cases)
     cells: dict[tuple[str, str], Counter] = defaultdict(Counter)
     detail: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for case in cases:
@@ -236,8 +240,12 @@ def _matrix(cases: list[dict], names: list[str]) -> str:
             state = _cell_status(counts)
             bg, fg = STATUS_COLOURS[state]
             total = sum(counts.values())
+            operations = (described.get(name) or {}).get("operations") or {}
+            bound = binds.get(cid, ())
+            # Only operations describe() reports on: a clause binding another (a backward pass, say) is left as is.
+            lacks = bool(bound) and all(op in operations for op in bound) and not any(operations[op] for op in bound)
             if not total:
-                text = "—"
+                text = "not implemented" if lacks else "—"
             elif state == "failed":
                 text = f"✗ {counts['failed']} failed / {total}"
             elif state == "deviation":
@@ -247,6 +255,8 @@ def _matrix(cases: list[dict], names: list[str]) -> str:
             else:
                 text = f"{total} unsupported"
             lines = [f"{cid} on {name}: {_counts_text(counts)}"]
+            if lacks:
+                lines.append(f"{name} exposes none of {', '.join(binds[cid])}, the operation(s) this clause binds")
             per = defaultdict(Counter)
             for (device, dtype, status), n in detail.get((cid, name), Counter()).items():
                 per[(device, dtype)][status] += n
@@ -263,8 +273,9 @@ def _matrix(cases: list[dict], names: list[str]) -> str:
             f'<p class="legend">{legend}</p>'
             '<p class="note">Rows are the clauses of spec/clauses.yaml (hover a clause for its statement); '
             "each cell counts the judged cases naming that clause. Hover a cell for counts per device and dtype. "
-            "A clause is credited with the case's main clause only, so a dash means no case was attributed to it "
-            "in this run, not that it was violated.</p>"
+            "A case is credited to the one clause it was judged under, so a dash means no case was attributed to "
+            "the clause in this run, not that it was violated; <i>not implemented</i>: the implementation exposes "
+            "none of the operations the clause binds.</p>"
             f'<table class="matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
 
 
@@ -330,7 +341,8 @@ def _plot(cases: list[dict]) -> str:
                "Points above the dashed line y = x broke or came close to their tolerance: the verdict compares "
                "element by element (the ratio column of the JSON), so a passing point can sit slightly above "
                "the line when its largest error falls where the tolerance is wider. Failures whose verdict is not a "
-               "tolerance comparison (wrong shape, exception, non-finite output) carry no figures and are not drawn. " + e(" ".join(notes)) + "</p>")
+               "tolerance comparison (wrong shape, exception, non-finite output) carry no figures and are not drawn. "
+               + e(" ".join(notes)) + "</p>")
     return "".join(out)
 
 
@@ -436,7 +448,8 @@ def _failures(cases: list[dict]) -> str:
             f'<a href="#clause-{e(clause)}"><code>{e(clause)}</code></a><br>'
             f'<span class="note">{e(test or "property test")} ({e(op)})</span>',
             f"{len(records)}{figures}",
-            f'<div class="note">case {e(last.get("case"))}<br>{e(shapes)}</div><pre>{e(last.get("message") or "(no message)")}</pre>',
+            f'<div class="note">case {e(last.get("case"))}<br>{e(shapes)}</div>'
+            f'<pre>{e(last.get("message") or "(no message)")}</pre>',
         ])
     out.append(_table(["implementation", "clause / test", "records", "message"], rows, "failures"))
     if len(keys) > MAX_FAILURE_GROUPS:
@@ -477,7 +490,7 @@ def render(report: dict, path: Path) -> str:
         _header(report, path),
         _environment(report),
         _implementations(report, counts, names),
-        _matrix(cases, names),
+        _matrix(cases, names, {d.get("name"): d for d in report.get("implementations") or []}),
         _agreement(report),
         _plot(cases),
         _failures(cases),

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
+import numpy as np
+
 import pytest
 
 from implementations import DTYPE_NAMES, Implementation, ImplementationLoadError
@@ -174,7 +176,37 @@ def terminal_summary(terminalreporter, config) -> None:
     summary.terminal_summary(terminalreporter, config)
 
 
+def is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def send_to_controller(config) -> None:
+    """An xdist worker hands its case records and kept outputs to the controller (via workeroutput)."""
+    from . import agreement, checks
+
+    config.workeroutput["conformance_records"] = [rec.as_dict() for rec in checks.RECORDS]
+    config.workeroutput["conformance_outputs"] = [
+        [dtype, case, name, np.asarray(out).tolist()]
+        for (dtype, case), outputs in agreement._OUTPUTS.items()
+        for name, out in outputs.items()
+    ]
+
+
+def receive_from_worker(node) -> None:
+    """The controller merges what a finished xdist worker sent."""
+    from . import agreement, checks
+    from .report import CaseRecord
+
+    output = getattr(node, "workeroutput", {})
+    checks.RECORDS.extend(CaseRecord(**data) for data in output.get("conformance_records", []))
+    for dtype, case, name, values in output.get("conformance_outputs", []):
+        agreement._OUTPUTS[(dtype, case)][name] = np.asarray(values, dtype=np.float64)
+
+
 def write_report(session, exitstatus) -> None:
+    if is_xdist_worker(session.config):
+        send_to_controller(session.config)
+        return
     path = session.config.getoption("conformance_report", None)
     if not path:
         return

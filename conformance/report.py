@@ -29,7 +29,12 @@ class CaseRecord:
     shapes: dict[str, list[int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready: non-finite figures (an infinite ratio, say) become null."""
+        data = asdict(self)
+        for key in ("max_abs_error", "allowed", "ratio"):
+            if data[key] is not None and not np.isfinite(data[key]):
+                data[key] = None
+        return data
 
 
 class ConformanceFailure(AssertionError):

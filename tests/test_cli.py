@@ -16,8 +16,10 @@ pytestmark = pytest.mark.selfcheck
 def pytest_run(*args, env=None, timeout=300):
     environment = {**os.environ, **(env or {})}
     environment.pop("PYTEST_XDIST_WORKER", None)
-    command = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "-x",
-               "--hypothesis-profile", "ci", "-W", "ignore::DeprecationWarning", *args]
+    paths = [a for a in args if a.startswith("conformance")] or ["conformance"]
+    options = [a for a in args if not a.startswith("conformance")]
+    command = [sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider",
+               "--hypothesis-profile", "ci", "-W", "ignore::DeprecationWarning", *options]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=environment)
 
 
@@ -56,3 +58,23 @@ def test_a_malformed_fixture_stops_the_run_naming_the_file(tmp_path):
     done = pytest_run("--impl", "examples.my_attention", env={"ATTENTION_CONFORMANCE_FIXTURES": str(tmp_path)})
     assert done.returncode == 4
     assert "broken.yaml: entry 'no-inputs'" in done.stdout + done.stderr
+
+
+def test_a_hanging_implementation_is_cut_by_the_timeout_and_the_run_goes_on():
+    done = pytest_run("conformance/test_fixtures.py", "--impl", "examples.hanging_attention", "--timeout", "2",
+                      "-k", "qkv-output or qkv-softscores-sdpa", "--dtype", "float64")
+    assert done.returncode == 1
+    assert "Timeout" in done.stdout
+    assert "2 failed" in done.stdout  # both cases ran: the first hang did not end the session
+
+
+def test_raise_wrong_shape_wrong_dtype_and_nan_each_fail_their_own_case():
+    done = pytest_run("conformance/test_fixtures.py", "conformance/test_properties.py", "--impl",
+                      "examples.shape_and_nan_attention", "--dtype", "float32", "-k",
+                      "test_fixture or test_causal_top_left or test_explicit_scale or test_bool_mask")
+    out = done.stdout
+    assert done.returncode == 1
+    assert "the implementation raised RuntimeError: masks are not handled" in out
+    assert "[sdpa.output-shape]" in out and "output shape" in out
+    assert "[sdpa.output-dtype]" in out and "output dtype float64, expected float32" in out
+    assert "[sdpa.finite]" in out or "[softmax.large-inputs]" in out

@@ -111,21 +111,21 @@ def test_list_impls_prints_names_dtypes_and_operations():
     assert "collected" not in done.stdout  # it lists and exits before running anything
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "conformance/plugin.py _print_impls joins the keys of a per-device DTYPES dict and prints "
-    "'dtypes=cpu,cuda'; remove this mark once it prints the dtypes per device"))
 def test_list_impls_prints_per_device_dtypes(tmp_path):
+    """DTYPES given per device is printed per device, and KNOWN_DEVIATIONS are listed."""
     (tmp_path / "per_device_attention.py").write_text(textwrap.dedent("""
         import numpy as np
         DTYPES = {"cpu": ["float64"], "cuda": ["float16", "float32"]}
+        KNOWN_DEVIATIONS = [{"clause": "softmax.large-inputs", "when": lambda facts: False, "reason": "overflows"}]
         def softmax(x, axis=-1):
             e = np.exp(x - x.max(axis=axis, keepdims=True))
             return e / e.sum(axis=axis, keepdims=True)
     """))
     done = pytest_run("--impl", "per_device_attention", "--list-impls", env=with_pythonpath(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "dtypes=cpu,cuda" not in done.stdout
-    assert "float64" in done.stdout and "float16" in done.stdout, done.stdout
+    assert "dtypes=cpu: float64; cuda: float16,float32 " in done.stdout, done.stdout
+    assert "operations: softmax" in done.stdout
+    assert "declared deviation of softmax.large-inputs: overflows" in done.stdout
 
 
 def _blocks(listing: str) -> dict[str, list[str]]:

@@ -1,0 +1,252 @@
+"""Gradients of sdpa against the float64 analytic backward (clauses grad.*).
+
+For implementations whose ARRAY is "torch" or "jax", dL/dq, dL/dk, dL/dv and, for
+an additive float mask, dL/dmask are obtained with the framework's autodiff for a
+random upstream gradient dO (conformance/gradients.py) and compared with
+conformance/oracle_backward.py under the ``sdpa_backward`` tolerance model of
+spec/tolerances.yaml. The forward output of the same call is judged first
+(sdpa.definition), so a gradient verdict is never about a wrong forward.
+
+When dK or dV disagree on a grouped-query case, the test asks the implementation
+again with the kv heads repeated to Hq (no GQA): if those per-head gradients
+agree, the fault is the sum over the group (grad.gqa-sum); otherwise it is the
+per-head backward itself (grad.sdpa-k / grad.sdpa-v).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+
+from . import checks, oracle, oracle_backward
+from .cases import Case, widen
+from .checks import Judge
+from .gradients import GRADIENT_ARRAYS, NotDifferentiable, backward_allowed, gradients
+from .plugin import require_device
+from .report import _array_literal
+from .strategies import sdpa_cases
+
+pytestmark = pytest.mark.conformance
+sdpa_op = pytest.mark.op("sdpa")
+
+GRAD_CLAUSE = {"dq": "grad.sdpa-q", "dk": "grad.sdpa-k", "dv": "grad.sdpa-v", "dmask": "grad.mask"}
+INPUT_OF = {"dq": "q", "dk": "k", "dv": "v", "dmask": "mask"}
+# A new shape costs JAX a compile of forward and backward, about 1 s on the CI machine
+# (five times the forward alone): JAX implementations run a fifth of the profile's
+# examples, at least this many.
+MIN_JAX_EXAMPLES = 2
+JAX_EXAMPLE_DIVISOR = 5
+
+
+def gradient_test(test):
+    """Outermost decorator of every gradient test (the counterpart of test_properties.property_test).
+
+    Skips, with the reason, implementations whose arrays have no autodiff, and
+    properties whose every generated case was unsupported.
+    """
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        impl = kwargs.get("impl")
+        if impl is not None and impl.array not in GRADIENT_ARRAYS:
+            pytest.skip(f"gradients are checked for ARRAY 'torch' or 'jax'; {impl.name} has ARRAY {impl.array!r}")
+        base = test._hypothesis_internal_use_settings
+        if impl is not None and impl.array == "jax":
+            test._hypothesis_internal_use_settings = settings(
+                base, max_examples=max(MIN_JAX_EXAMPLES, base.max_examples // JAX_EXAMPLE_DIVISOR)
+            )
+        try:
+            return test(*args, **kwargs)
+        except Unsatisfiable:
+            pytest.skip(f"unsupported: every generated case was unsupported ({checks.LAST_UNSUPPORTED[0]})")
+        finally:
+            test._hypothesis_internal_use_settings = base
+
+    return run
+
+
+# ----------------------------------------------------------------- strategies
+@st.composite
+def gradient_cases(draw, *, float_masks_from_bool: bool = False, **sdpa_options) -> Case:
+    """An sdpa case plus an upstream gradient ``d_out`` (standard normal, shape of the output).
+
+    With ``float_masks_from_bool`` a boolean mask becomes an additive float one of the
+    same (broadcast) shape: a random value where it attends, -inf where it does not.
+    """
+    case = draw(sdpa_cases(**sdpa_options))
+    seed = draw(st.integers(0, 2**32 - 1), label="dO seed")
+    rng = np.random.default_rng(seed)
+    inputs = dict(case.inputs)
+    kind = case.mask_kind
+    mask = inputs.get("mask")
+    if float_masks_from_bool and mask is not None and mask.dtype == np.bool_:
+        inputs["mask"] = np.where(mask, rng.standard_normal(mask.shape), -np.inf)
+        kind = f"float {kind} {mask.shape}"
+    q, v = inputs["q"], inputs["v"]
+    inputs["d_out"] = rng.standard_normal(q.shape[:-1] + v.shape[-1:])
+    label = case.label.replace(f"mask={case.mask_kind}", f"mask={kind}") + f" dO seed={seed}"
+    return Case("sdpa", inputs, case.clauses, label, mask_kind=kind)
+
+
+# ---------------------------------------------------------------- judging
+class GradientJudge(Judge):
+    """A Judge whose repro snippet recomputes the gradients."""
+
+    def _snippet(self, case: Case, inputs: dict) -> str:
+        size = sum(np.size(a) for a in inputs.values() if isinstance(a, np.ndarray))
+        if size > checks.MAX_REPRO_ELEMENTS:
+            return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
+        lines = [
+            "import numpy as np, ml_dtypes",
+            "from implementations import load_implementation",
+            "from conformance import oracle_backward",
+            "from conformance.gradients import gradients",
+            f"impl = load_implementation({self.impl.spec!r})",
+        ]
+        options = {}
+        for name, value in inputs.items():
+            if isinstance(value, np.ndarray):
+                lines.append(f"{name} = {_array_literal(value, self.dtype)}")
+            else:
+                options[name] = value
+        arrays = [n for n in ("q", "k", "v", "mask") if n in inputs]
+        lines.append("inputs = {" + ", ".join(f"{n!r}: {n}" for n in arrays) + "".join(
+            f", {k!r}: {v!r}" for k, v in options.items()) + "}")
+        lines.append(f"got = gradients(impl, inputs, d_out, device={self.device!r})")
+        lines.append(
+            "want = oracle_backward.sdpa_backward(q, k, v, d_out, inputs.get('mask'), "
+            "inputs.get('is_causal', False), inputs.get('scale'))"
+        )
+        lines.append("for name in want: print(name, 'max abs error', np.max(np.abs(got[name] - want[name])))")
+        return "\n".join(lines)
+
+
+def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
+    """The implementation's output and gradients; unsupported cases are rejected, failures named."""
+    __tracebackhide__ = True
+    impl = judge.impl
+    reason = impl.unsupported_reason("sdpa", inputs, judge.dtype, judge.device)
+    if reason:
+        judge.record(case, case.clauses[0], "unsupported", message=reason)
+        checks.unsupported(reason)
+    raised = None
+    try:
+        return gradients(impl, inputs, inputs["d_out"], judge.device)
+    except NotImplementedError as exc:
+        judge.record(case, case.clauses[0], "unsupported", message=str(exc))
+        checks.unsupported(f"{impl.name} raised NotImplementedError: {exc}")
+    except NotDifferentiable as exc:
+        raised = f"sdpa is not differentiable with {impl.array} autodiff: {exc}"
+    except Exception as exc:  # contained: this case fails, the session goes on
+        raised = f"computing the gradients raised {type(exc).__name__}: {exc}"
+    judge.fail(case.clauses[0], case, inputs, raised)
+
+
+def _expected(inputs: dict, dtype: str):
+    a = widen(inputs)
+    args = (a["q"], a["k"], a["v"], a["d_out"], a.get("mask"), a.get("is_causal", False), a.get("scale"))
+    return oracle_backward.sdpa_backward(*args), backward_allowed(*args, dtype)
+
+
+def _worst(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
+    error = np.abs(got - want)
+    error = np.where(np.isnan(error), np.inf, error)
+    ratio = np.where(allowed > 0, error / np.where(allowed > 0, allowed, 1.0), np.where(error > 0, np.inf, 0.0))
+    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    return error, ratio, worst
+
+
+def _per_head_gradients_agree(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
+    """GQA diagnosis: the gradient ``name`` with the kv heads repeated to Hq (no GQA) agrees with the oracle."""
+    hq = inputs["q"].shape[1]
+    expanded = dict(inputs, k=oracle.repeat_kv_heads(inputs["k"], hq).astype(inputs["k"].dtype),
+                    v=oracle.repeat_kv_heads(inputs["v"], hq).astype(inputs["v"].dtype))
+    try:
+        got = gradients(judge.impl, expanded, expanded["d_out"], judge.device)
+    except Exception:
+        return False
+    want, allowed = _expected(expanded, judge.dtype)
+    if got.get(name) is None or got[name].shape != want[name].shape:
+        return False
+    _, ratio, worst = _worst(got[name], want[name], allowed[name])
+    return bool(ratio[worst] <= 1.0)
+
+
+def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "dv", "dmask")) -> None:
+    """Forward first (sdpa.definition), then each gradient in ``order`` against the analytic backward.
+
+    dK / dV failures of a grouped-query case name grad.gqa-sum when the per-head
+    gradients (kv heads repeated to Hq) agree with the oracle.
+    """
+    __tracebackhide__ = True
+    got = _gradients_or_verdict(judge, case, inputs)
+    judge.judge(case, got["out"], inputs, "sdpa.definition")
+    want, allowed = _expected(inputs, judge.dtype)
+    grouped = inputs["q"].shape[1] > inputs["k"].shape[1]
+    for name in [n for n in order if n in want]:
+        clause = GRAD_CLAUSE[name]
+        if got.get(name) is None:
+            judge.fail(clause, case, inputs, f"no gradient reached {INPUT_OF[name]} (its .grad / cotangent is None)")
+        if got[name].shape != want[name].shape:
+            judge.fail(clause, case, inputs, f"d{INPUT_OF[name]} has shape {got[name].shape}, expected "
+                                             f"{want[name].shape} (the shape of {INPUT_OF[name]})")
+        error, ratio, worst = _worst(got[name], want[name], allowed[name])
+        if ratio[worst] > 1.0:
+            note = ""
+            if name in ("dk", "dv") and grouped:
+                group = inputs["q"].shape[1] // inputs["k"].shape[1]
+                if _per_head_gradients_agree(judge, case, inputs, name):
+                    clause = "grad.gqa-sum"
+                    note = (f"; with the kv heads repeated to Hq (no GQA) {name} agrees, so the sum over the "
+                            f"{group} query heads sharing each kv head is wrong")
+                else:
+                    note = "; it also disagrees with the kv heads repeated to Hq (no GQA)"
+            index = tuple(int(i) for i in worst)
+            judge.fail(
+                clause, case, inputs,
+                f"{name} = dL/d{INPUT_OF[name]}: max abs error {float(error.max()):.3e} exceeds the allowed error "
+                f"(worst element: error {error[worst]:.3e} > allowed {allowed[name][worst]:.3e}, "
+                f"{ratio[worst]:.3g}x the {judge.dtype} sdpa_backward tolerance of spec/tolerances.yaml){note}",
+                f"{name} index {index}: got {got[name][worst]:.9g}, analytic backward {want[name][worst]:.9g}",
+            )
+        judge.record(case, clause, "passed", max_abs_error=float(error.max()),
+                     allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))
+
+
+def _judge(impl, device, dtype) -> Judge:
+    require_device(impl, device)
+    return GradientJudge(impl, dtype, device)
+
+
+# ----------------------------------------------------------------------- tests
+@gradient_test
+@sdpa_op
+@given(case=gradient_cases(gqa=False, clauses=("grad.sdpa-q",)))
+def test_sdpa_gradients(impl, device, dtype, case):
+    """dq, dk, dv (and dmask for float masks) over every mask kind, causal flag, scale and magnitude."""
+    judge = _judge(impl, device, dtype)
+    judge_gradients(judge, case, case.rounded(dtype))
+
+
+@gradient_test
+@sdpa_op
+@given(case=gradient_cases(mask_kinds=("float", "float-large", "bool-2d", "key-padding", "per-head",
+                                       "bool-query-keys"), float_masks_from_bool=True, clauses=("grad.mask",)))
+def test_float_mask_gradient(impl, device, dtype, case):
+    """dL/dmask of an additive mask in every broadcast shape: dS summed over the broadcast axes."""
+    judge = _judge(impl, device, dtype)
+    judge_gradients(judge, case, case.rounded(dtype), order=("dmask", "dq", "dk", "dv"))
+
+
+@gradient_test
+@sdpa_op
+@given(case=gradient_cases(mask_kinds=("none", "key-padding", "per-head", "float"), clauses=("grad.gqa-sum",)).filter(
+    lambda c: c.inputs["q"].shape[1] > c.inputs["k"].shape[1]))
+def test_gqa_gradient_sum(impl, device, dtype, case):
+    """Grouped-query attention: dk and dv sum over the query heads sharing each kv head."""
+    judge = _judge(impl, device, dtype)
+    judge_gradients(judge, case, case.rounded(dtype), order=("dk", "dv", "dq", "dmask"))
