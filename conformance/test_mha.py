@@ -51,14 +51,14 @@ def test_mha_head_split(impl, device, dtype, case):
 
 
 @property_test
-@given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.just(True), clauses=("mha.head-merge",),
+@given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.booleans(), clauses=("mha.head-merge",),
                       min_heads=2, min_len=2))
 def test_mha_head_merge(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
 @property_test
-@given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.just(False), clauses=("mha.scale-head-dim",),
+@given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.booleans(), clauses=("mha.scale-head-dim",),
                       min_heads=2, min_len=2))
 def test_mha_scale_is_head_width(impl, device, dtype, case):
     check(impl, device, dtype, case)
