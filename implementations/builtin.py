@@ -217,7 +217,7 @@ class TorchSDPA:
         return F.softmax(x, dim=axis)
 
     @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0):
         import torch
         import torch.nn.functional as F
 
@@ -229,7 +229,8 @@ class TorchSDPA:
             mask = mask & band if mask.dtype == torch.bool else mask.masked_fill(~band, float("-inf"))
             is_causal = False
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
         )
 
     @classmethod

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from conformance import agreement, checks, test_fixtures, test_mha, test_properties
+from conformance import agreement, checks, test_dropout, test_fixtures, test_gradients, test_mha, test_properties
 from conformance.report import ConformanceFailure
 from conformance.specdata import fixtures
 
 PROPERTY_TESTS = [
     fn
-    for module in (test_properties, test_mha)
+    for module in (test_properties, test_mha, test_gradients, test_dropout)
     for name, fn in vars(module).items()
     if name.startswith("test_") and callable(fn) and hasattr(fn, "__wrapped__")
 ]

@@ -95,13 +95,13 @@ def test_every_clause_is_exercised_somewhere():
     """Each clause is named by a fixture or a property test (no clause is decoration)."""
     import inspect
 
-    from conformance import checks, test_mha, test_properties
+    from conformance import checks, test_dropout, test_gradients, test_mha, test_properties
 
     named = {c for fx in fixtures() for c in fx.clauses}
     sources = inspect.getsource(test_properties) + inspect.getsource(checks) + inspect.getsource(test_mha)
     from conformance import strategies
 
-    sources += inspect.getsource(strategies)
+    sources += inspect.getsource(strategies) + inspect.getsource(test_gradients) + inspect.getsource(test_dropout)
     unexercised = [cid for cid in clauses() if cid not in named and f'"{cid}"' not in sources]
     assert not unexercised, f"clauses no test names: {unexercised}"
 

@@ -1,10 +1,11 @@
 """Broken: correct forward, GQA backward that keeps the first query head of each group (ARRAY = "torch")."""
 import torch
 
-from zoo.correct_torch_autograd_function import forward_parts, sum_groups
+from zoo.correct_torch_autograd_function import forward_parts
 
 BUG = ("a torch.autograd.Function whose forward is right (kv heads repeat_interleave'd) but whose backward "
-       "returns, for each kv head, the dk and dv of the first query head of its group instead of the sum over the group.")
+       "returns, for each kv head, the dk and dv of the first query head of its group instead of the sum "
+       "over the group.")
 SOURCE = ("issue 5 list (GQA: the kv gradients sum over the query heads that share them); "
           "the inverse of repeat_interleave taken as a slice")
 EXPECTED_CLAUSES = frozenset({"grad.gqa-sum"})
@@ -30,7 +31,8 @@ class SDPA(torch.autograd.Function):
         dk = ctx.scale * (ds.transpose(-2, -1) @ q)
         dmask = ds.sum_to_size(ctx.mask_shape) if ctx.mask_shape is not None and ctx.needs_input_grad[3] else None
         g = ctx.group
-        return dq, dk[:, ::g], dv[:, ::g], dmask, None, None  # BUG: should be sum_groups(dk, g), sum_groups(dv, g)
+        # BUG: should be sum_groups(dk, g), sum_groups(dv, g) (the sum over the group)
+        return dq, dk[:, ::g], dv[:, ::g], dmask, None, None
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None):

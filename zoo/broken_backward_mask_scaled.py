@@ -28,7 +28,8 @@ class SDPA(torch.autograd.Function):
         dq = ctx.scale * (ds @ k_rep)
         dk = ctx.scale * (ds.transpose(-2, -1) @ q)
         # BUG: should be ds.sum_to_size(ctx.mask_shape), without ctx.scale
-        dmask = (ctx.scale * ds).sum_to_size(ctx.mask_shape) if ctx.mask_shape is not None and ctx.needs_input_grad[3] else None
+        wanted = ctx.mask_shape is not None and ctx.needs_input_grad[3]
+        dmask = (ctx.scale * ds).sum_to_size(ctx.mask_shape) if wanted else None
         return dq, sum_groups(dk, ctx.group), sum_groups(dv, ctx.group), dmask, None, None
 
 
