@@ -157,20 +157,28 @@ class Judge:
         return rec
 
     # ------------------------------------------------------------------ run
-    def run(self, case: Case, inputs: dict | None = None) -> tuple[np.ndarray, dict]:
-        """Call the implementation on the case's inputs rounded to the dtype. Skips if unsupported."""
-        inputs = case.rounded(self.dtype) if inputs is None else inputs
-        reason = self.impl.unsupported_reason(case.op, inputs, self.dtype, self.device)
+    def require_support(self, case: Case, inputs: dict, op: str | None = None) -> None:
+        """Report the case unsupported (never failed) if the implementation cannot run it."""
+        reason = self.impl.unsupported_reason(op or case.op, inputs, self.dtype, self.device)
         if reason:
             self.record(case, case.clauses[0], "unsupported", message=reason)
             unsupported(reason)
+
+    def not_implemented(self, case: Case, exc: NotImplementedError) -> None:
+        """The implementation raised NotImplementedError for this case: unsupported, not failed."""
+        self.record(case, case.clauses[0], "unsupported", message=str(exc))
+        unsupported(f"{self.impl.name} raised NotImplementedError: {exc}")
+
+    def run(self, case: Case, inputs: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Call the implementation on the case's inputs rounded to the dtype. Skips if unsupported."""
+        inputs = case.rounded(self.dtype) if inputs is None else inputs
+        self.require_support(case, inputs)
         __tracebackhide__ = True
         raised = None
         try:
             got = self.impl.call(case.op, case.arrays(inputs), case.options(), self.device)
         except NotImplementedError as exc:
-            self.record(case, case.clauses[0], "unsupported", message=str(exc))
-            unsupported(f"{self.impl.name} raised NotImplementedError: {exc}")
+            self.not_implemented(case, exc)
         except Exception as exc:  # contained: this case fails, the session goes on
             where = traceback.extract_tb(exc.__traceback__)[-1]
             raised = f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"

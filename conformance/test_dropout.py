@@ -151,16 +151,12 @@ def _run(judge: DropoutJudge, case: Case, inputs: dict, dropout_p: float, seed: 
     """Call with dropout; unsupported cases are rejected, exceptions and wrong shapes fail case.clauses[0]."""
     __tracebackhide__ = True
     impl = judge.impl
-    reason = impl.unsupported_reason("sdpa", inputs, judge.dtype, judge.device)
-    if reason:
-        judge.record(case, case.clauses[0], "unsupported", message=reason)
-        checks.unsupported(reason)
+    judge.require_support(case, inputs, "sdpa")
     raised = None
     try:
         got = call_with_dropout(impl, inputs, judge.device, dropout_p, seed)
     except NotImplementedError as exc:
-        judge.record(case, case.clauses[0], "unsupported", message=str(exc))
-        checks.unsupported(f"{impl.name} raised NotImplementedError: {exc}")
+        judge.not_implemented(case, exc)
     except Exception as exc:  # contained: this case fails, the session goes on
         raised = f"sdpa(..., dropout_p={dropout_p}) raised {type(exc).__name__}: {exc}"
     if raised:

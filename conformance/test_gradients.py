@@ -14,13 +14,11 @@ per-head backward itself (grad.sdpa-k / grad.sdpa-v).
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
 
 from . import checks, oracle, oracle_backward
 from .cases import Case, widen
@@ -29,44 +27,25 @@ from .gradients import GRADIENT_ARRAYS, NotDifferentiable, backward_allowed, gra
 from .plugin import require_device
 from .report import _array_literal
 from .strategies import sdpa_cases
+from .test_properties import property_test
 
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
 
 GRAD_CLAUSE = {"dq": "grad.sdpa-q", "dk": "grad.sdpa-k", "dv": "grad.sdpa-v", "dmask": "grad.mask"}
 INPUT_OF = {"dq": "q", "dk": "k", "dv": "v", "dmask": "mask"}
+
+
+def _without_autodiff(impl) -> str | None:
+    if impl.array not in GRADIENT_ARRAYS:
+        return f"gradients are checked for ARRAY 'torch' or 'jax'; {impl.name} has ARRAY {impl.array!r}"
+    return None
+
+
 # A new shape costs JAX a compile of forward and backward, about 1 s on the CI machine
 # (five times the forward alone): JAX implementations run a fifth of the profile's
-# examples, at least this many.
-MIN_JAX_EXAMPLES = 2
-JAX_EXAMPLE_DIVISOR = 5
-
-
-def gradient_test(test):
-    """Outermost decorator of every gradient test (the counterpart of test_properties.property_test).
-
-    Skips, with the reason, implementations whose arrays have no autodiff, and
-    properties whose every generated case was unsupported.
-    """
-
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        impl = kwargs.get("impl")
-        if impl is not None and impl.array not in GRADIENT_ARRAYS:
-            pytest.skip(f"gradients are checked for ARRAY 'torch' or 'jax'; {impl.name} has ARRAY {impl.array!r}")
-        base = test._hypothesis_internal_use_settings
-        if impl is not None and impl.array == "jax":
-            test._hypothesis_internal_use_settings = settings(
-                base, max_examples=max(MIN_JAX_EXAMPLES, base.max_examples // JAX_EXAMPLE_DIVISOR)
-            )
-        try:
-            return test(*args, **kwargs)
-        except Unsatisfiable:
-            pytest.skip(f"unsupported: every generated case was unsupported ({checks.LAST_UNSUPPORTED[0]})")
-        finally:
-            test._hypothesis_internal_use_settings = base
-
-    return run
+# examples, at least two.
+gradient_test = property_test(min_jit_examples=2, requires=_without_autodiff)
 
 
 # ----------------------------------------------------------------- strategies
@@ -128,16 +107,12 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
     """The implementation's output and gradients; unsupported cases are rejected, failures named."""
     __tracebackhide__ = True
     impl = judge.impl
-    reason = impl.unsupported_reason("sdpa", inputs, judge.dtype, judge.device)
-    if reason:
-        judge.record(case, case.clauses[0], "unsupported", message=reason)
-        checks.unsupported(reason)
+    judge.require_support(case, inputs, "sdpa")
     raised = None
     try:
         return gradients(impl, inputs, inputs["d_out"], judge.device)
     except NotImplementedError as exc:
-        judge.record(case, case.clauses[0], "unsupported", message=str(exc))
-        checks.unsupported(f"{impl.name} raised NotImplementedError: {exc}")
+        judge.not_implemented(case, exc)
     except NotDifferentiable as exc:
         raised = f"sdpa is not differentiable with {impl.array} autodiff: {exc}"
     except Exception as exc:  # contained: this case fails, the session goes on

@@ -29,24 +29,30 @@ JIT_EXAMPLE_DIVISOR = 5  # see README, "Speed": XLA compiles once per distinct s
 MIN_JIT_EXAMPLES = 5
 
 
-def property_test(test):
+def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None):
     """Outermost decorator of every property.
 
     A property whose every generated case was unsupported is skipped, not failed.
     For ARRAY="jax" implementations each new shape costs an XLA compile (about
     0.15 s on the CI machine, against under 1 ms per call), so they run a fifth
-    of the profile's examples (at least 5).
+    of the profile's examples (at least ``min_jit_examples``). ``requires(impl)``
+    may return a reason to skip the implementation outright.
     """
+    if test is None:
+        return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires)
 
     @functools.wraps(test)
     def run(*args, **kwargs):
         impl = kwargs.get("impl")
+        reason = requires(impl) if (requires and impl is not None) else None
+        if reason:
+            pytest.skip(reason)
         # Hypothesis keeps the profile chosen at decoration on the test; swap in a
         # smaller budget for this call only.
         base = test._hypothesis_internal_use_settings
         if impl is not None and impl.array == "jax":
             test._hypothesis_internal_use_settings = settings(
-                base, max_examples=max(MIN_JIT_EXAMPLES, base.max_examples // JIT_EXAMPLE_DIVISOR)
+                base, max_examples=max(min_jit_examples, base.max_examples // JIT_EXAMPLE_DIVISOR)
             )
         try:
             return test(*args, **kwargs)
