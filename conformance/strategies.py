@@ -140,7 +140,8 @@ BIAS_KINDS = ("none", "input", "output", "all")
 @st.composite
 def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_KINDS), cross=st.booleans(),
               mask_kinds=("none", "bool-2d", "key-padding", "float"), causal=st.booleans(),
-              min_heads: int = 1, min_len: int = 1, head_width_free: bool = False) -> Case:
+              min_heads: int = 1, min_len: int = 1, head_width_free: bool = False,
+              allow_empty_rows: bool = False) -> Case:
     b = draw(st.integers(1, MAX_BATCH), label="B")
     h = draw(st.integers(min_heads, 3), label="H")
     lq = draw(st.integers(min_len, MAX_LEN), label="Lq")
@@ -170,7 +171,7 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     params.update({f"b_{n}": rng.standard_normal(params[f"w_{n}"].shape[1]) for n in biased})
     inputs = {"query": x, "key": kv, "value": kv, "params": params, "num_heads": h}
     if kind != "none":
-        inputs["mask"] = _build_mask(rng, kind, mask_shape(kind, b, h, lq, lk), lq, lk, is_causal, False)
+        inputs["mask"] = _build_mask(rng, kind, mask_shape(kind, b, h, lq, lk), lq, lk, is_causal, allow_empty_rows)
     if is_causal:
         inputs["is_causal"] = True
     label = (f"B{b} H{h} Lq{lq} Lk{lk} E{e} E_kv{e_kv} Dk{dk} Dv{dv} bias={with_bias} mask={kind}"

@@ -91,6 +91,14 @@ def test_mha_causal(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
+@property_test
+@given(case=mha_cases(mask_kinds=("bool-2d", "key-padding", "float"), allow_empty_rows=True,
+                      clauses=("mask.fully-masked-row",)))
+def test_mha_fully_masked_rows(impl, device, dtype, case):
+    """A fully masked row's context follows the declared policy; the output projection still applies."""
+    check(impl, device, dtype, case)
+
+
 def test_mha_shapes_of_the_documents():
     """The printed pipeline shapes of the documents hold for the oracle (fixtures carry them)."""
     from .specdata import fixtures

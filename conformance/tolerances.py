@@ -61,6 +61,9 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
     attended = weights > 0
     v_row_max = np.max(np.abs(v), axis=-1)[..., None, :]  # (B, H, 1, Lk)
     v_max = np.max(np.where(attended, v_row_max, 0.0), axis=-1, keepdims=True)
+    # A fully masked row attends nothing; under the 'uniform' policy it averages all of v.
+    empty = ~attended.any(axis=-1, keepdims=True)
+    v_max = np.where(empty, np.max(v_row_max, axis=-1, keepdims=True), v_max)
     allowed = u * v_max * (c["c_out"] + c["c_acc"] * math.sqrt(lk))
     allowed = allowed + c["c_score"] * 2 * v_max * np.sum(weights * score_error, axis=-1, keepdims=True)
     if dv is not None:
