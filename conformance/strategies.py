@@ -81,7 +81,8 @@ def sdpa_cases(
     lq = draw(st.integers(1, MAX_LEN), label="Lq")
     lk = lq if same_lengths else draw(st.integers(1, MAX_LEN), label="Lk")
     dk = draw(st.integers(1, MAX_DIM), label="Dk")
-    dv = dk if same_dims else draw(st.integers(1, MAX_DIM), label="Dv")
+    # Half the cases keep Dv == Dk, which many kernels require.
+    dv = dk if same_dims or draw(st.booleans(), label="Dv == Dk") else draw(st.integers(1, MAX_DIM), label="Dv")
     is_causal = draw(causal, label="is_causal")
     kind = draw(st.sampled_from(mask_kinds), label="mask")
     sigma_name = draw(st.sampled_from(sigmas), label="score magnitude")
@@ -147,10 +148,18 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     lq = draw(st.integers(min_len, MAX_LEN), label="Lq")
     is_cross = draw(cross, label="cross-attention")
     lk = draw(st.integers(1, MAX_LEN), label="Lk") if is_cross else lq
-    e = draw(st.integers(1, 8), label="E")
-    e_kv = draw(st.integers(1, 8), label="E_kv") if is_cross else e
-    dk = draw(st.integers(1, 4), label="head Dk")
-    dv = draw(st.integers(1, 4), label="head Dv")
+    # Half the cases use the common layout (head width E / H for q, k and v, as in
+    # nn.MultiheadAttention), so an implementation limited to it is not starved of cases.
+    standard = not head_width_free and draw(st.booleans(), label="head width E / H")
+    if standard:
+        dk = dv = draw(st.integers(1, 3), label="head D")
+        e = h * dk
+        e_kv = draw(st.sampled_from([e, e + 1]), label="E_kv") if is_cross else e
+    else:
+        e = draw(st.integers(1, 8), label="E")
+        e_kv = draw(st.integers(1, 8), label="E_kv") if is_cross else e
+        dk = draw(st.integers(1, 4), label="head Dk")
+        dv = draw(st.integers(1, 4), label="head Dv")
     if head_width_free and h * dk == e:
         e += 1  # keep the head width away from E / H
         e_kv = e_kv if is_cross else e

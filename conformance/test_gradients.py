@@ -45,7 +45,7 @@ def _without_autodiff(impl) -> str | None:
 # A new shape costs JAX a compile of forward and backward, about 1 s on the CI machine
 # (five times the forward alone): JAX implementations run a fifth of the profile's
 # examples, at least two.
-gradient_test = property_test(min_jit_examples=2, requires=_without_autodiff)
+gradient_test = property_test(requires=_without_autodiff)
 
 
 # ----------------------------------------------------------------- strategies

@@ -26,7 +26,7 @@ softmax_op = pytest.mark.op("softmax")
 
 
 JIT_EXAMPLE_DIVISOR = 5  # see README, "Speed": XLA compiles once per distinct shape
-MIN_JIT_EXAMPLES = 5
+MIN_JIT_EXAMPLES = 2
 
 
 def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None):
@@ -34,8 +34,9 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
 
     A property whose every generated case was unsupported is skipped, not failed.
     For ARRAY="jax" implementations each new shape costs an XLA compile (about
-    0.15 s on the CI machine, against under 1 ms per call), so they run a fifth
-    of the profile's examples (at least ``min_jit_examples``). ``requires(impl)``
+    0.1 s on the CI machine, against under 1 ms per call), so they run a fifth
+    of the profile's examples (at least ``min_jit_examples``): 2 in dev, 5 in
+    ci, 50 in thorough. ``requires(impl)``
     may return a reason to skip the implementation outright.
     """
     if test is None:
@@ -54,6 +55,7 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
             test._hypothesis_internal_use_settings = settings(
                 base, max_examples=max(min_jit_examples, base.max_examples // JIT_EXAMPLE_DIVISOR)
             )
+        checks.reset_support_counts()
         try:
             return test(*args, **kwargs)
         except Unsatisfiable:

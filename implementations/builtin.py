@@ -60,14 +60,42 @@ def _mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, xp):
 _JITTED: dict = {}
 
 
-def _jitted(fn):
-    """jax.jit of an sdpa body, compiled once per shape/dtype signature (op-by-op dispatch
-    would compile every primitive separately for each new shape, about 20 times slower)."""
+def _jitted(fn, *static: str):
+    """jax.jit of ``fn`` with the named arguments static, built once.
+
+    XLA compiles once per distinct shape/dtype signature (about 0.1 s on a 2-core
+    CPU); op-by-op dispatch would compile every primitive separately for each new
+    shape, several times slower. Only structure is static (is_causal, an axis, the
+    head count): a scale is traced, so a new scale value does not recompile.
+    """
     if fn not in _JITTED:
         import jax
 
-        _JITTED[fn] = jax.jit(fn, static_argnames=("is_causal", "scale"))
+        _JITTED[fn] = jax.jit(fn, static_argnames=static)
     return _JITTED[fn]
+
+
+def _jax_sdpa(body, q, k, v, mask, is_causal, scale):
+    """Call a jitted sdpa body: the scale travels as a traced scalar (None stays static)."""
+    if scale is not None:
+        scale = np.float64(scale)  # each body rounds it to q's dtype, as a Python float would be
+    return _jitted(body, "is_causal")(q, k, v, mask, is_causal=is_causal, scale=scale)
+
+
+def _jax_mha(sdpa_body, query, key, value, params, num_heads, mask, is_causal):
+    """Multi-head attention around an sdpa body, the whole pipeline one jitted XLA program."""
+    if ("mha", sdpa_body) not in _JITTED:
+        import jax
+        import jax.numpy as jnp
+
+        def mha(query, key, value, params, mask, num_heads, is_causal):
+            def sdpa(q, k, v, mask=None, is_causal=False):
+                return sdpa_body(q, k, v, mask, is_causal=is_causal, scale=None)
+
+            return _mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, jnp)
+
+        _JITTED[("mha", sdpa_body)] = jax.jit(mha, static_argnames=("num_heads", "is_causal"))
+    return _JITTED[("mha", sdpa_body)](query, key, value, params, mask, num_heads=num_heads, is_causal=is_causal)
 
 
 class NumpyOracle:
@@ -370,6 +398,10 @@ class JaxDotProductAttention:
 
     @staticmethod
     def softmax(x, axis=-1):
+        return _jitted(JaxDotProductAttention._softmax, "axis")(x, axis=axis)
+
+    @staticmethod
+    def _softmax(x, axis=-1):
         import jax
 
         return jax.nn.softmax(x, axis=axis)
@@ -378,7 +410,7 @@ class JaxDotProductAttention:
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
         if k.shape[-1] != v.shape[-1]:
             raise NotImplementedError("jax.nn.dot_product_attention requires Dv == Dk")
-        return _jitted(JaxDotProductAttention._sdpa)(q, k, v, mask, is_causal=is_causal, scale=scale)
+        return _jax_sdpa(JaxDotProductAttention._sdpa, q, k, v, mask, is_causal, scale)
 
     @staticmethod
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
@@ -387,6 +419,8 @@ class JaxDotProductAttention:
 
         if k.shape[-1] != v.shape[-1]:
             raise NotImplementedError("jax.nn.dot_product_attention requires Dv == Dk")
+        if scale is not None:
+            scale = jnp.asarray(scale, q.dtype)
         bias = boolean = None
         if mask is not None:
             mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
@@ -409,7 +443,7 @@ class JaxDotProductAttention:
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
         import jax.numpy as jnp
 
-        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, jnp)
+        return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal)
 
 
 class JaxNumpy:
@@ -421,6 +455,10 @@ class JaxNumpy:
 
     @staticmethod
     def softmax(x, axis=-1):
+        return _jitted(JaxNumpy._softmax, "axis")(x, axis=axis)
+
+    @staticmethod
+    def _softmax(x, axis=-1):
         import jax.numpy as jnp
 
         shifted = x - jnp.max(x, axis=axis, keepdims=True)
@@ -429,7 +467,7 @@ class JaxNumpy:
 
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
-        return _jitted(JaxNumpy._sdpa)(q, k, v, mask, is_causal=is_causal, scale=scale)
+        return _jax_sdpa(JaxNumpy._sdpa, q, k, v, mask, is_causal, scale)
 
     @staticmethod
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
@@ -454,11 +492,9 @@ class JaxNumpy:
         weights = e / jnp.where(any_allowed, jnp.sum(e, axis=-1, keepdims=True), 1)
         return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v)
 
-    @classmethod
-    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
-        import jax.numpy as jnp
-
-        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, jnp)
+    @staticmethod
+    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+        return _jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal)
 
 
 BUILTINS = (

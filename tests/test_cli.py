@@ -18,8 +18,8 @@ def pytest_run(*args, env=None, timeout=300):
     environment.pop("PYTEST_XDIST_WORKER", None)
     paths = [a for a in args if a.startswith("conformance")] or ["conformance"]
     options = [a for a in args if not a.startswith("conformance")]
-    command = [sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider",
-               "--hypothesis-profile", "ci", "-W", "ignore::DeprecationWarning", *options]
+    command = [sys.executable, "-m", "pytest", *paths, "-q", "-n", "0", "-p", "no:cacheprovider",
+               "--hypothesis-profile", "dev", "-W", "ignore::DeprecationWarning", *options]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=environment)
 
 
@@ -61,7 +61,7 @@ def test_a_malformed_fixture_stops_the_run_naming_the_file(tmp_path):
 
 
 def test_a_hanging_implementation_is_cut_by_the_timeout_and_the_run_goes_on():
-    done = pytest_run("conformance/test_fixtures.py", "--impl", "examples.hanging_attention", "--timeout", "2",
+    done = pytest_run("conformance/test_fixtures.py", "--impl", "examples.hanging_attention", "--timeout", "1",
                       "-k", "qkv-output or qkv-softscores-sdpa", "--dtype", "float64")
     assert done.returncode == 1
     assert "Timeout" in done.stdout

@@ -39,7 +39,7 @@ def with_pythonpath(*paths: Path) -> dict[str, str]:
 
 
 def pytest_run(*args: str, env: dict[str, str] | None = None, timeout: int = 100):
-    command = [sys.executable, "-m", "pytest", "conformance/test_fixtures.py", "-q", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "conformance/test_fixtures.py", "-q", "-n", "0", "-p", "no:cacheprovider",
                "-W", "ignore::DeprecationWarning", *args]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=clean_environment(**(env or {})))

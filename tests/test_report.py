@@ -32,8 +32,8 @@ def run_with_report(tmp_path, impl: str, *args: str, name: str = "r"):
     for variable in ("PYTEST_XDIST_WORKER", "ATTENTION_CONFORMANCE_IMPL", "PYTEST_ADDOPTS"):
         environment.pop(variable, None)
     report = tmp_path / f"{name}.json"
-    command = [sys.executable, "-m", "pytest", "conformance", "-q", "-p", "no:cacheprovider", "--impl", impl,
-               "--hypothesis-profile", "ci", "--conformance-report", str(report), "-W", "ignore::DeprecationWarning",
+    command = [sys.executable, "-m", "pytest", "conformance", "-q", "-n", "0", "-p", "no:cacheprovider", "--impl", impl,
+               "--hypothesis-profile", "dev", "--conformance-report", str(report), "-W", "ignore::DeprecationWarning",
                *args]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=110, env=environment)
     return done, report, report.with_suffix(".html")

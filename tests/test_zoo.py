@@ -25,10 +25,18 @@ def test_broken_member_is_rejected_by_its_clause(member):
     )
 
 
+def correct_member_examples() -> int:
+    """Examples per property for a correct member: a third of the active profile's
+    (3 in dev, 8 in ci, 83 in thorough); its fixtures run in full regardless."""
+    from hypothesis import settings
+
+    return max(3, settings.default.max_examples // 3)
+
+
 @pytest.mark.parametrize("member", zoo.member_names("correct"))
 def test_correct_member_passes(member):
     impl = load_implementation(f"zoo.{member}")
-    verdicts = run_battery(impl, dtypes=tuple(impl.dtypes), max_examples=10)
+    verdicts = run_battery(impl, dtypes=tuple(impl.dtypes), max_examples=correct_member_examples())
     assert not verdicts.errors, f"the suite itself errored: {verdicts.errors[:3]}"
     assert not verdicts.failures, f"a correct implementation was rejected: {verdicts.failures[:5]}"
     assert verdicts.passed > 0

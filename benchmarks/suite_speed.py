@@ -1,0 +1,150 @@
+"""How fast is the suite? Prints the figures README's "Speed" table quotes.
+
+    python benchmarks/suite_speed.py            # everything (about 10 minutes on 2 cores)
+    python benchmarks/suite_speed.py --quick    # skip the whole-suite runs
+
+Figures:
+  default run      wall time of `pytest` at the root (addopts give -n auto), of
+                   `pytest -n 0` (one process), and of `pytest conformance --impl
+                   examples.my_attention` (one plain NumPy module)
+  per impl         examples per second of each built-in under the conformance
+                   tests, and the harness overhead: the suite's time for that
+                   implementation divided by the time spent inside the
+                   implementation's calls on the very same inputs
+  profiles         one test module under dev / ci / thorough: time against examples
+  JAX compiles     XLA compiles per distinct input signature and their cost
+
+Each whole-suite figure is one run on an otherwise idle machine; rerun to see the
+spread (about ±10 % on the 2-core CI machine).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def wall(command: list[str], env: dict | None = None) -> tuple[float, str]:
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    seconds = time.perf_counter() - start
+    tail = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return seconds, f"exit {done.returncode}: {tail}"
+
+
+def whole_suite_figures() -> None:
+    pytest = [sys.executable, "-m", "pytest", "-q"]
+    for label, extra in (
+        ("default run (`pytest`, addopts -n auto)", []),
+        ("one process (`pytest -n 0`)", ["-n", "0"]),
+        ("one NumPy module (`--impl examples.my_attention`)", ["conformance", "--impl", "examples.my_attention"]),
+    ):
+        seconds, tail = wall(pytest + extra)
+        print(f"{label:<55} {seconds:7.1f} s   {tail}")
+
+
+class CallTimer:
+    """A pytest plugin: time inside Implementation.call, and per test item, grouped by implementation."""
+
+    def __init__(self):
+        self.inside = collections.Counter()  # impl -> seconds inside its calls
+        self.calls = collections.Counter()  # impl -> number of calls (examples that reached the implementation)
+        self.suite = collections.Counter()  # impl -> seconds of its test items (setup + call + teardown)
+
+    def install(self):
+        from implementations._registry import Implementation
+
+        original = Implementation.call
+        timer = self
+
+        def timed_call(impl, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(impl, *args, **kwargs)
+            finally:
+                timer.inside[impl.name] += time.perf_counter() - start
+                timer.calls[impl.name] += 1
+
+        Implementation.call = timed_call
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        start = time.perf_counter()
+        yield
+        impl = getattr(getattr(item, "callspec", None), "params", {}).get("impl")
+        if impl is not None:
+            self.suite[impl.name] += time.perf_counter() - start
+
+
+def per_implementation_figures(profile: str) -> None:
+    timer = CallTimer()
+    timer.install()
+    pytest.main(["conformance", "-q", "-n", "0", "-p", "no:terminal", "--hypothesis-profile", profile,
+                 "--device", "cpu"], plugins=[timer])
+    print(f"\nper implementation, conformance/ on CPU, profile {profile}:")
+    print(f"{'implementation':<16}{'calls':>8}{'suite s':>10}{'inside s':>10}{'examples/s':>12}{'overhead':>10}")
+    for name in sorted(timer.suite):
+        suite, inside, calls = timer.suite[name], timer.inside[name], timer.calls[name]
+        print(f"{name:<16}{calls:>8}{suite:>10.1f}{inside:>10.1f}{calls / suite:>12.0f}"
+              f"{suite / inside if inside else float('nan'):>9.1f}x")
+
+
+def profile_scaling() -> None:
+    print("\nprofiles, conformance/test_properties.py on numpy_native:")
+    for profile in ("dev", "ci", "thorough"):
+        seconds, tail = wall([sys.executable, "-m", "pytest", "-q", "-n", "0", "conformance/test_properties.py",
+                              "-k", "numpy_native", "--hypothesis-profile", profile])
+        print(f"  {profile:<9} {seconds:7.1f} s   {tail}")
+
+
+def jax_compile_figures() -> None:
+    import numpy as np
+
+    try:
+        import jax.numpy as jnp
+    except ImportError:
+        print("\nJAX is not installed: no compile figures")
+        return
+    from implementations import builtin
+
+    rng = np.random.default_rng(0)
+    shapes = [(1, 1, 3, 4), (1, 2, 5, 3), (2, 2, 7, 6), (1, 1, 2, 2), (2, 1, 4, 4), (1, 3, 6, 2)]
+    print("\nJAX: first call (trace + XLA compile) against a repeat call, jax_numpy sdpa, float32:")
+    first, again = [], []
+    for shape in shapes:
+        q = jnp.asarray(rng.standard_normal(shape), jnp.float32)
+        start = time.perf_counter()
+        builtin.JaxNumpy.sdpa(q, q, q).block_until_ready()
+        first.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        builtin.JaxNumpy.sdpa(q, q, q, scale=0.3).block_until_ready()  # a new scale value: no recompile
+        again.append(time.perf_counter() - start)
+    compiled = builtin._JITTED[builtin.JaxNumpy._sdpa]._cache_size()
+    print(f"  {len(shapes)} distinct shapes -> {compiled} compiles; first call {np.median(first) * 1e3:.0f} ms "
+          f"(median), repeat call with a new scale {np.median(again) * 1e3:.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="skip the whole-suite wall-clock runs")
+    parser.add_argument("--profile", default="dev", help="Hypothesis profile of the per-implementation figures")
+    options = parser.parse_args()
+    print(f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    if not options.quick:
+        whole_suite_figures()
+        profile_scaling()
+    jax_compile_figures()
+    per_implementation_figures(options.profile)
+
+
+if __name__ == "__main__":
+    main()
