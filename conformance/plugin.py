@@ -165,7 +165,7 @@ def register_hypothesis_profiles() -> None:
     )
     settings.register_profile("dev", max_examples=10, **common)
     settings.register_profile("ci", max_examples=25, derandomize=True, database=None, print_blob=True, **common)
-    settings.register_profile("thorough", max_examples=250, **common)
+    settings.register_profile("thorough", max_examples=100, **common)  # 10x the default (dev)
     settings.load_profile("dev")  # --hypothesis-profile NAME overrides this
 
 

@@ -36,7 +36,7 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     For ARRAY="jax" implementations each new shape costs an XLA compile (about
     0.1 s on the CI machine, against under 1 ms per call), so they run a fifth
     of the profile's examples (at least ``min_jit_examples``): 2 in dev, 5 in
-    ci, 50 in thorough. ``requires(impl)``
+    ci, 20 in thorough. ``requires(impl)``
     may return a reason to skip the implementation outright.
     """
     if test is None:

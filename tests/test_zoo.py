@@ -27,7 +27,7 @@ def test_broken_member_is_rejected_by_its_clause(member):
 
 def correct_member_examples() -> int:
     """Examples per property for a correct member: a third of the active profile's
-    (3 in dev, 8 in ci, 83 in thorough); its fixtures run in full regardless."""
+    (3 in dev, 8 in ci, 33 in thorough); its fixtures run in full regardless."""
     from hypothesis import settings
 
     return max(3, settings.default.max_examples // 3)
