@@ -36,6 +36,9 @@ def pytest_addoption(parser):
                     help="print the implementations found, what they declare and support, then exit.")
     group.addoption("--no-builtins", action="store_true", default=False,
                     help="do not add the built-in implementations when no --impl is given.")
+    group.addoption("--jax-compilation-cache", metavar="DIR|off", default=".attention-conformance/jax-cache",
+                    help="JAX's persistent compilation cache for this run, relative to the rootdir "
+                    "(default: %(default)s; 'off' disables it; $JAX_COMPILATION_CACHE_DIR, if set, wins).")
     group.addoption("--large-shapes", action="store_true", default=False,
                     help="also run conformance/test_large_shapes.py: sdpa at Lk up to 16384, D 128, judged by the "
                     "blocked float64 oracle (slow; see docs/large-shapes.md).")

@@ -22,18 +22,25 @@ def keep(case_label: str, impl_name: str, device: str, dtype: str, output: np.nd
 
 
 def _ordinal(values: np.ndarray, dtype: str) -> np.ndarray:
-    """Map floats to integers whose difference is the ULP distance (sign-magnitude to two's complement)."""
+    """Map floats to unsigned integers in the same order, one step per representable value.
+
+    Sign-magnitude bits become an offset binary: negatives count down from the
+    midpoint, positives up from it, so the difference of two ordinals is their
+    ULP distance (+0 and -0 coincide). Unsigned arithmetic cannot overflow here.
+    """
     typed = np.asarray(values).astype(numpy_dtype(dtype))
-    bits = typed.view(_UINT[typed.dtype.itemsize]).astype(np.int64)
-    sign = np.int64(1) << (8 * typed.dtype.itemsize - 1)
-    return np.where(bits & sign, -(bits & (sign - 1)), bits)
+    unsigned = _UINT[typed.dtype.itemsize]
+    bits = typed.view(unsigned).astype(np.uint64)
+    sign = np.uint64(1) << np.uint64(8 * typed.dtype.itemsize - 1)
+    return np.where(bits & sign, sign - (bits & ~sign), sign + bits)
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray, dtype: str) -> int:
     finite = np.isfinite(a) & np.isfinite(b)
     if not finite.any():
         return 0
-    return int(np.max(np.abs(_ordinal(a[finite], dtype) - _ordinal(b[finite], dtype))))
+    left, right = _ordinal(a[finite], dtype), _ordinal(b[finite], dtype)
+    return int(np.max(np.maximum(left, right) - np.minimum(left, right)))
 
 
 def matrix() -> list[dict]:
