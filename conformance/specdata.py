@@ -50,13 +50,13 @@ def _relative(path: Path) -> str:
 
 # libyaml's safe loader when PyYAML was built with it: the same safe subset, about
 # ten times faster than the pure-Python one on fixtures/ (startup of every run).
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_yaml(path: Path) -> Any:
     try:
         with open(path, encoding="utf-8") as handle:
-            return yaml.load(handle, Loader=_SAFE_LOADER)  # noqa: S506 -- a safe loader
+            return yaml.load(handle, Loader=SafeLoader)  # noqa: S506 -- a safe loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
