@@ -193,10 +193,9 @@ def _block_output(p: _Problem, blk: _Block, policy: str) -> np.ndarray:
 
 @dataclass
 class _AllowedContext:
-    """What the allowed error needs beyond the block: |k|, per-key and per-head maxima of |v|, the constants."""
+    """What the allowed error needs beyond the block: |k|, per-key and per-head maxima of |v|."""
 
     u: float
-    c: dict
     abs_k_t: np.ndarray  # (B, Hkv, Dk, Lk)
     v_row_max: np.ndarray  # (B, Hq, 1, Lk): the largest |v_jd| of key j
     v_all_max: np.ndarray  # (B, Hq, 1, 1): max |v| over keys and dims (the 'uniform' spread)
@@ -206,7 +205,6 @@ def _allowed_context(p: _Problem, dtype: str) -> _AllowedContext:
     abs_v = np.abs(p.v)
     return _AllowedContext(
         u=tolerances.unit_roundoff(dtype),
-        c=tolerances._constants("sdpa"),
         abs_k_t=np.swapaxes(np.abs(p.k), -1, -2),
         v_row_max=_per_query_head(np.max(abs_v, axis=-1)[..., None, :], p.query_heads),
         v_all_max=_per_query_head(np.max(abs_v, axis=(-2, -1), keepdims=True), p.query_heads),
@@ -218,7 +216,7 @@ def _block_allowed(p: _Problem, blk: _Block, ctx: _AllowedContext, policy: str) 
 
     Keys outside ``blk.keys`` have weight 0 and so cost nothing in either term.
     """
-    u, c, dk = ctx.u, ctx.c, p.q.shape[-1]
+    u, dk = ctx.u, p.q.shape[-1]
     # ds_ij = u * (sqrt(Dk) * |scale| * |q_i| . |k_j| + |m_ij|), m the finite part of the bias
     score_error = _with_kv(np.abs(p.q[:, :, blk.rows]), ctx.abs_k_t[..., blk.keys])
     score_error *= abs(p.scale) * math.sqrt(dk)
@@ -228,10 +226,9 @@ def _block_allowed(p: _Problem, blk: _Block, ctx: _AllowedContext, policy: str) 
     # tolerances._sdpa_terms also gives rows that attend nothing a V_i; sdpa_allowed then
     # overrides those rows (0, or the 'uniform' spread below), so it is not needed here.
     v_max = np.max(np.where(blk.weights > 0, ctx.v_row_max[..., blk.keys], 0.0), axis=-1, keepdims=True)
-    growth = c["c_out"] + c["c_acc"] * math.sqrt(p.lk)
-    allowed = u * v_max * growth + c["c_score"] * 2 * v_max * weighted_error
+    allowed = tolerances.sdpa_row_bound(u, v_max, weighted_error, p.lk)
     if policy == "uniform":
-        return np.where(blk.empty, u * ctx.v_all_max * growth, allowed)
+        return np.where(blk.empty, tolerances.uniform_row_bound(u, ctx.v_all_max, p.lk), allowed)
     return np.where(blk.empty, 0.0, allowed)
 
 

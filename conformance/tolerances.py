@@ -39,9 +39,25 @@ def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
     return u * (c["c_out"] + c["c_acc"] * math.sqrt(n)) + c["c_shift"] * u * p * magnitude
 
 
+def _output_growth(lk: int) -> float:
+    """How the output's rounding grows with the number of keys: c_out + c_acc * sqrt(Lk)."""
+    c = _constants("sdpa")
+    return c["c_out"] + c["c_acc"] * math.sqrt(lk)
+
+
+def sdpa_row_bound(u: float, v_max, weighted_score_error, lk: int):
+    """The allowed error of an output row that attends some key (spec/tolerances.yaml, sdpa):
+    u * V_i * (c_out + c_acc * sqrt(Lk)) + 2 * c_score * V_i * sum_j p_ij * ds_ij."""
+    return u * v_max * _output_growth(lk) + _constants("sdpa")["c_score"] * 2 * v_max * weighted_score_error
+
+
+def uniform_row_bound(u: float, v_abs_max, lk: int):
+    """The allowed error of a fully masked row under the 'uniform' policy (the mean of v over all keys)."""
+    return u * v_abs_max * _output_growth(lk)
+
+
 def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
     """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv."""
-    c = _constants("sdpa")
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     hq = q.shape[1]
     k, v = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
@@ -64,8 +80,7 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
     # A fully masked row attends nothing; under the 'uniform' policy it averages all of v.
     empty = ~attended.any(axis=-1, keepdims=True)
     v_max = np.where(empty, np.max(v_row_max, axis=-1, keepdims=True), v_max)
-    allowed = u * v_max * (c["c_out"] + c["c_acc"] * math.sqrt(lk))
-    allowed = allowed + c["c_score"] * 2 * v_max * np.sum(weights * score_error, axis=-1, keepdims=True)
+    allowed = sdpa_row_bound(u, v_max, np.sum(weights * score_error, axis=-1, keepdims=True), lk)
     if dv is not None:
         allowed = allowed + weights @ dv
     return allowed
@@ -76,9 +91,8 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
     allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u)
     empty = oracle.fully_masked_rows(q, k, mask, is_causal)[..., None]
     if policy == "uniform":
-        c = _constants("sdpa")
         v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
-        spread = u * np.max(v_all, axis=(-2, -1), keepdims=True) * (c["c_out"] + c["c_acc"] * math.sqrt(v_all.shape[-2]))
+        spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
         return np.where(empty, spread, allowed)
     return np.where(empty, 0.0, allowed)
 
