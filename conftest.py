@@ -3,7 +3,8 @@
 Options, the implementation registry wiring, parametrisation of every conformance
 test over implementations x devices x dtypes, Hypothesis profiles, and the
 end-of-run summary and report. Tests live in conformance/ (run against the
-implementations) and tests/ (the suite checking itself).
+implementations; what a bare `pytest` runs) and tests/ (the suite checking
+itself; `pytest tests`, and CI runs both).
 """
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_sessionfinish(session, exitstatus):
     support.write_report(session, exitstatus)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config, specs):
+    """pytest-xdist: before the workers start, give each its share of the cores (they inherit the variables)."""
+    support.share_cores_between_workers(len(specs))
 
 
 @pytest.hookimpl(optionalhook=True)

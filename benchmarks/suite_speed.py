@@ -4,14 +4,16 @@
     python benchmarks/suite_speed.py --quick    # skip the whole-suite runs
 
 Figures:
-  default run      wall time of `pytest` at the root (addopts give -n auto) with
-                   JAX's compilation cache cold and then warm, of `pytest -n 0`
-                   (one process), and of `pytest conformance --impl
+  default run      wall time of `pytest` at the root (conformance/; addopts give
+                   -n auto) with JAX's compilation cache cold and then warm, of
+                   `pytest -n 0` (one process), of the self-checks `pytest tests`
+                   and both together, and of `pytest conformance --impl
                    examples.my_attention` (one plain NumPy module)
   per impl         examples per second of each built-in under the conformance
                    tests, and the harness overhead: the suite's time for that
                    implementation divided by the time spent inside the
-                   implementation's calls on the very same inputs
+                   implementation's calls on the very same inputs, with the time
+                   in the float64 oracle and error bound shown apart
   profiles         one test module under dev / ci / thorough: time against examples
   JAX compiles     XLA compiles per distinct input signature and their cost
 
@@ -52,15 +54,17 @@ def whole_suite_figures() -> None:
     pytest = [sys.executable, "-m", "pytest", "-q"]
     shutil.rmtree(JAX_CACHE, ignore_errors=True)
     for label, extra in (
-        ("default run, cold JAX cache (`pytest`, -n auto)", []),
+        ("default run `pytest` (conformance/, -n auto), cold JAX cache", []),
         ("default run again, warm JAX cache", []),
         ("one process (`pytest -n 0`), warm JAX cache", ["-n", "0"]),
+        ("self-checks (`pytest tests`)", ["tests"]),
+        ("both (`pytest conformance tests`, CI's paths, dev profile)", ["conformance", "tests"]),
         ("one NumPy module (`--impl examples.my_attention -n 0`)", ["conformance", "--impl", "examples.my_attention",
                                                                     "-n", "0"]),
         ("one NumPy module under -n auto", ["conformance", "--impl", "examples.my_attention"]),
     ):
         seconds, tail = wall(pytest + extra)
-        print(f"{label:<55} {seconds:7.1f} s   {tail}")
+        print(f"{label:<62} {seconds:7.1f} s   {tail}")
 
 
 class CallTimer:
@@ -70,6 +74,7 @@ class CallTimer:
         self.inside = collections.Counter()  # impl -> seconds inside its calls
         self.calls = collections.Counter()  # impl -> number of calls (examples that reached the implementation)
         self.suite = collections.Counter()  # impl -> seconds of its test items (setup + call + teardown)
+        self.judging = collections.Counter()  # impl -> seconds in the float64 oracle and the error bound
 
     def install(self):
         from implementations._registry import Implementation
@@ -87,6 +92,23 @@ class CallTimer:
 
         Implementation.call = timed_call
 
+        from conformance.checks import Judge
+
+        for method in ("_expected_shape", "_fully_masked_rows", "_oracle"):
+            setattr(Judge, method, self._timed(getattr(Judge, method)))
+
+    def _timed(self, method):
+        timer = self
+
+        def timed(judge, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(judge, *args, **kwargs)
+            finally:
+                timer.judging[judge.impl.name] += time.perf_counter() - start
+
+        return timed
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         start = time.perf_counter()
@@ -103,11 +125,14 @@ def per_implementation_figures(profile: str) -> None:
         pytest.main(["conformance", "-q", "-n", "0", "--hypothesis-profile", profile, "--device", "cpu"],
                     plugins=[timer])
     print(f"\nper implementation, conformance/ on CPU, profile {profile}:")
-    print(f"{'implementation':<16}{'calls':>8}{'suite s':>10}{'inside s':>10}{'examples/s':>12}{'overhead':>10}")
+    print("  inside: in the implementation's calls; oracle: the float64 oracle and the error bound;")
+    print("  rest: Hypothesis's engine, case generation, array conversion, pytest")
+    print(f"{'implementation':<16}{'calls':>8}{'suite s':>10}{'inside s':>10}{'oracle s':>10}{'rest s':>8}"
+          f"{'examples/s':>12}{'overhead':>10}")
     for name in sorted(timer.suite):
-        suite, inside, calls = timer.suite[name], timer.inside[name], timer.calls[name]
-        print(f"{name:<16}{calls:>8}{suite:>10.1f}{inside:>10.1f}{calls / suite:>12.0f}"
-              f"{suite / inside if inside else float('nan'):>9.1f}x")
+        suite, inside, calls, judging = timer.suite[name], timer.inside[name], timer.calls[name], timer.judging[name]
+        print(f"{name:<16}{calls:>8}{suite:>10.1f}{inside:>10.1f}{judging:>10.1f}{suite - inside - judging:>8.1f}"
+              f"{calls / suite:>12.0f}{suite / inside if inside else float('nan'):>9.1f}x")
 
 
 def profile_scaling() -> None:

@@ -42,7 +42,9 @@ class Case:
             if isinstance(value, dict):
                 return {key: cast(item) for key, item in value.items()}
             if isinstance(value, np.ndarray) and value.dtype != np.bool_:
-                return value.astype(target)
+                # A -1e9 mask entry becomes -inf in float16, as the framework's own cast makes it.
+                with np.errstate(over="ignore"):
+                    return value.astype(target)
             return value
 
         return {name: cast(value) for name, value in self.inputs.items()}

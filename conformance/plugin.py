@@ -49,7 +49,8 @@ def discover(config) -> list[Implementation]:
 
 def configure(config) -> None:
     """Validate spec/ and fixtures/ and load implementations once; a defect is one usage error."""
-    share_cores_between_workers(config)
+    if is_xdist_worker(config):  # inherited from the controller already, unless xdist was started another way
+        share_cores_between_workers(int(config.workerinput.get("workercount", 1)))
     share_jax_compilations(config)
     try:
         clauses()
@@ -70,18 +71,19 @@ def configure(config) -> None:
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def share_cores_between_workers(config) -> None:
-    """Give each xdist worker its share of the cores for BLAS, OpenMP and torch.
+def share_cores_between_workers(workers: int) -> None:
+    """Give each of ``workers`` xdist workers its share of the cores for BLAS, OpenMP and torch.
 
     Torch and OpenBLAS default to one thread per core in every process; with one
-    worker per core their spinning threads fight over the same cores, and the
-    2-core CI machine ran the default suite in 225 s under -n 2 against 162 s with
-    one thread per worker. Variables the user set are kept.
+    worker per core their spinning threads fight over the same cores. The
+    controller calls this before it starts the workers (pytest_xdist_setupnodes):
+    OpenBLAS reads its variable when NumPy is imported, which in a worker is before
+    any plugin hook runs, so only an inherited variable reaches it. On the 2-core CI
+    machine the NumPy and torch part of `pytest conformance -n 2` took 43 s with the
+    variables set inside the workers (too late for NumPy) and 35 s inherited.
+    Variables the user set are kept.
     """
-    if not is_xdist_worker(config):
-        return
-    workers = int(config.workerinput.get("workercount", 1))
-    threads = str(max(1, (os.cpu_count() or 1) // workers))
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
     for variable in THREAD_VARIABLES:
         os.environ.setdefault(variable, threads)
     if "torch" in sys.modules:  # normally not: frameworks are imported lazily, after this
@@ -166,6 +168,9 @@ def implementation_params(config, op: str | None):
                 marks = []
                 if impl.skip_reason:
                     marks.append(pytest.mark.skip(reason=impl.skip_reason))
+                elif device not in impl.devices():
+                    # Skipped at collection: a case skipped inside its body first starts Hypothesis's engine.
+                    marks.append(pytest.mark.skip(reason=absent_device_reason(impl, device)))
                 elif op and not impl.implements(op):
                     marks.append(pytest.mark.skip(reason=f"not implemented: {impl.name} does not expose {op}"))
                 params.append(pytest.param(impl, device, dtype, id=f"{impl.name}-{device}-{dtype}", marks=marks))
@@ -195,10 +200,14 @@ def parametrize(metafunc) -> None:
         metafunc.parametrize(("impl", "device", "dtype"), triples)
 
 
+def absent_device_reason(impl: Implementation, device: str) -> str:
+    return f"{device} is not available to {impl.name} ({impl.array}) on this machine"
+
+
 def require_device(impl: Implementation, device: str) -> None:
     """Skip (with the reason) when the device is absent; imports the framework only now."""
     if device not in impl.devices():
-        pytest.skip(f"{device} is not available to {impl.name} ({impl.array}) on this machine")
+        pytest.skip(absent_device_reason(impl, device))
 
 
 # ------------------------------------------------------------- hypothesis

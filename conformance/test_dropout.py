@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from implementations._arrays import ARRAY_KINDS
 
-from . import checks, tolerances
+from . import tolerances
 from .cases import Case
 from .checks import Judge
 from .plugin import require_device

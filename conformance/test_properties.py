@@ -25,19 +25,19 @@ sdpa_op = pytest.mark.op("sdpa")
 softmax_op = pytest.mark.op("softmax")
 
 
-JIT_EXAMPLE_DIVISOR = 5  # see README, "Speed": XLA compiles once per distinct shape
-MIN_JIT_EXAMPLES = 2
+JIT_EXAMPLE_DIVISOR = 10  # see README, "Speed": XLA compiles once per distinct input signature
+MIN_JIT_EXAMPLES = 1
 
 
 def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None):
     """Outermost decorator of every property.
 
     A property whose every generated case was unsupported is skipped, not failed.
-    For ARRAY="jax" implementations each new shape costs an XLA compile (about
-    0.1 s on the CI machine, against under 1 ms per call), so they run a fifth
-    of the profile's examples (at least ``min_jit_examples``): 2 in dev, 5 in
-    ci, 20 in thorough. ``requires(impl)``
-    may return a reason to skip the implementation outright.
+    For ARRAY="jax" implementations each new shape costs an XLA compile (80-160 ms
+    on the CI machine, against under 1 ms per call), so they run a tenth of the
+    profile's examples (at least ``min_jit_examples``): 1 in dev, 2 in ci, 10 in
+    thorough. Their fixtures run in full. ``requires(impl)`` may return a reason
+    to skip the implementation outright.
     """
     if test is None:
         return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires)

@@ -5,6 +5,8 @@ merely naming an array kind imports nothing.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
@@ -43,6 +45,7 @@ class NumpyArrays:
 class TorchArrays:
     kind = "torch"
 
+    @functools.cache  # one attempt per run: a failing import is retried from scratch every time
     def unavailable_reason(self) -> str | None:
         try:
             import torch  # noqa: F401
@@ -50,6 +53,7 @@ class TorchArrays:
             return f"torch is not importable: {exc}"
         return None
 
+    @functools.cache  # devices do not come and go during a run
     def devices(self) -> list[str]:
         import torch
 
@@ -77,6 +81,7 @@ class TorchArrays:
 class JaxArrays:
     kind = "jax"
 
+    @functools.cache
     def unavailable_reason(self) -> str | None:
         try:
             import jax  # noqa: F401
@@ -92,6 +97,7 @@ class JaxArrays:
         jax.config.update("jax_enable_x64", True)
         return jax
 
+    @functools.cache
     def devices(self) -> list[str]:
         jax = self._jax()
         found = ["cpu"]

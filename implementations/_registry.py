@@ -38,7 +38,6 @@ class Implementation:
     fully_masked_rows: str | dict = "zeros"  # or {"bool": policy, "float": policy}
     known_deviations: tuple = ()  # ({"clause", "when", "reason"}, ...) declared by the implementation
     spec: str = ""  # how to load it again (module[:attr] or builtin:name), used in repros
-    skip_reason: str | None = None
     _signatures: dict = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -48,6 +47,16 @@ class Implementation:
         printer.text(repr(self))
 
     # ------------------------------------------------------------------ facts
+    @property
+    def skip_reason(self) -> str | None:
+        """Why every case is skipped (the framework cannot be imported), or None.
+
+        Asked on first use, not at load: the xdist controller loads every
+        implementation but runs no case, and importing torch and JAX there only
+        delays the start of the workers (about 3 s on the CI machine).
+        """
+        return ARRAY_KINDS[self.array].unavailable_reason()
+
     def operation(self, op: str):
         fn = getattr(self.obj, op, None)
         return fn if callable(fn) else None
@@ -112,7 +121,7 @@ class Implementation:
             return []
         present = arrays.devices()
         if self.declared_devices is None:
-            return present
+            return list(present)
         return [d for d in present if d in self.declared_devices]
 
     # ------------------------------------------------------------------- call
@@ -214,7 +223,6 @@ def from_object(obj, name: str, spec: str) -> Implementation:
     )
     if not any(impl.implements(op) for op in OPERATIONS):
         raise ImplementationLoadError(f"{spec}: exposes none of {', '.join(OPERATIONS)}")
-    impl.skip_reason = ARRAY_KINDS[array].unavailable_reason()
     return impl
 
 

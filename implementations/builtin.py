@@ -441,8 +441,6 @@ class JaxDotProductAttention:
 
     @classmethod
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
-        import jax.numpy as jnp
-
         return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal)
 
 

@@ -1,13 +1,18 @@
-"""What the plugin sets up for speed: each xdist worker's share of the cores, and JAX's compilation cache."""
+"""What the plugin does for speed: each xdist worker's share of the cores, JAX's compilation cache, no
+framework import on the controller, absent devices skipped at collection, a smaller example budget for
+compiled (JAX) implementations."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from conformance import plugin
+from conformance.specdata import ROOT
 
 pytestmark = pytest.mark.selfcheck
 
@@ -29,23 +34,26 @@ def clean_environment(monkeypatch):
 
 
 def test_each_worker_gets_its_share_of_the_cores(clean_environment):
-    plugin.share_cores_between_workers(fake_config(workercount=2))
+    plugin.share_cores_between_workers(2)
     assert {os.environ[v] for v in plugin.THREAD_VARIABLES} == {"2"}
 
 
 def test_more_workers_than_cores_still_get_one_thread(clean_environment):
-    plugin.share_cores_between_workers(fake_config(workercount=8))
+    plugin.share_cores_between_workers(8)
     assert os.environ["OMP_NUM_THREADS"] == "1"
 
 
-def test_the_controller_and_a_plain_run_keep_their_threads(clean_environment):
-    plugin.share_cores_between_workers(fake_config())
-    assert not any(v in os.environ for v in plugin.THREAD_VARIABLES)
+def test_the_controller_sets_the_share_before_the_workers_start(clean_environment):
+    # Workers import NumPy (and so OpenBLAS) before any hook of theirs runs: only inherited variables reach it.
+    import conftest
+
+    conftest.pytest_xdist_setupnodes(config=fake_config(), specs=["gw0", "gw1", "gw2", "gw3"])
+    assert {os.environ[v] for v in plugin.THREAD_VARIABLES} == {"1"}
 
 
 def test_a_thread_count_the_user_set_is_kept(clean_environment):
     clean_environment.setenv("OMP_NUM_THREADS", "3")
-    plugin.share_cores_between_workers(fake_config(workercount=2))
+    plugin.share_cores_between_workers(2)
     assert os.environ["OMP_NUM_THREADS"] == "3" and os.environ["OPENBLAS_NUM_THREADS"] == "2"
 
 
@@ -62,3 +70,52 @@ def test_off_or_a_users_cache_leaves_jax_alone(clean_environment, cache, preset)
     plugin.share_jax_compilations(fake_config(cache=cache))
     assert os.environ.get("JAX_COMPILATION_CACHE_DIR") == preset
     assert "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ
+
+
+def test_loading_the_builtins_imports_no_framework():
+    # The xdist controller loads every implementation but runs no case: torch and JAX are imported by the workers.
+    probe = ("import sys; from implementations._registry import builtin_implementations; "
+             "impls = builtin_implementations(); assert impls; "
+             "print(sorted(m for m in ('torch', 'jax') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_an_absent_device_is_skipped_at_collection_with_its_reason(monkeypatch):
+    from implementations._registry import from_object
+
+    class TorchLike:
+        ARRAY = "torch"
+        DTYPES = ("float32",)
+
+        @staticmethod
+        def sdpa(q, k, v):
+            return q
+
+    impl = from_object(TorchLike, "torch_like", "tests:TorchLike")
+    monkeypatch.setattr(impl, "devices", lambda: ["cpu"])
+    config = SimpleNamespace(getoption=lambda name: {"device": "all", "dtype": []}[name],
+                             stash={plugin.IMPLS_KEY: [impl]})
+    params = {p.id: p for p in plugin.implementation_params(config, "sdpa")}
+    assert not params["torch_like-cpu-float32"].marks
+    (mark,) = params["torch_like-cuda-float32"].marks
+    assert mark.name == "skip" and mark.kwargs["reason"] == "cuda is not available to torch_like (torch) on this machine"
+
+
+@pytest.mark.parametrize("array, max_examples, expected", [("jax", 30, 3), ("jax", 10, 1), ("numpy", 10, 10)])
+def test_compiled_implementations_run_a_tenth_of_the_examples(array, max_examples, expected):
+    from hypothesis import given, settings, strategies as st
+
+    from conformance.test_properties import property_test
+
+    seen = []
+
+    @property_test
+    @settings(max_examples=max_examples, database=None)
+    @given(x=st.integers())
+    def prop(x, impl):
+        seen.append(x)
+
+    prop(impl=SimpleNamespace(array=array))
+    assert len(seen) == expected
