@@ -77,35 +77,26 @@ class CallTimer:
         self.judging = collections.Counter()  # impl -> seconds in the float64 oracle and the error bound
 
     def install(self):
+        from conformance.checks import Judge
         from implementations._registry import Implementation
 
-        original = Implementation.call
-        timer = self
-
-        def timed_call(impl, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(impl, *args, **kwargs)
-            finally:
-                timer.inside[impl.name] += time.perf_counter() - start
-                timer.calls[impl.name] += 1
-
-        Implementation.call = timed_call
-
-        from conformance.checks import Judge
-
+        Implementation.call = self._timed(Implementation.call, self.inside, count=True)
         for method in ("_expected_shape", "_fully_masked_rows", "_oracle"):
-            setattr(Judge, method, self._timed(getattr(Judge, method)))
+            setattr(Judge, method, self._timed(getattr(Judge, method), self.judging))
 
-    def _timed(self, method):
-        timer = self
+    def _timed(self, method, seconds: collections.Counter, count: bool = False):
+        """``method`` adding its time to ``seconds`` under the implementation's name (self is an
+        Implementation or a Judge)."""
+        calls = self.calls
 
-        def timed(judge, *args, **kwargs):
+        def timed(owner, *args, **kwargs):
+            name = getattr(owner, "impl", owner).name
             start = time.perf_counter()
             try:
-                return method(judge, *args, **kwargs)
+                return method(owner, *args, **kwargs)
             finally:
-                timer.judging[judge.impl.name] += time.perf_counter() - start
+                seconds[name] += time.perf_counter() - start
+                calls[name] += count
 
         return timed
 
