@@ -80,7 +80,7 @@ def share_cores_between_workers(workers: int) -> None:
     OpenBLAS reads its variable when NumPy is imported, which in a worker is before
     any plugin hook runs, so only an inherited variable reaches it. On the 2-core CI
     machine the NumPy and torch part of `pytest conformance -n 2` took 43 s with the
-    variables set inside the workers (too late for NumPy) and 35 s inherited.
+    variables set inside the workers (too late for NumPy) and 34 s inherited.
     Variables the user set are kept.
     """
     threads = str(max(1, (os.cpu_count() or 1) // max(1, workers)))

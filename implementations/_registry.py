@@ -53,7 +53,7 @@ class Implementation:
 
         Asked on first use, not at load: the xdist controller loads every
         implementation but runs no case, and importing torch and JAX there only
-        delays the start of the workers (about 3 s on the CI machine).
+        delays the start of the workers (about 5 s on the CI machine).
         """
         return ARRAY_KINDS[self.array].unavailable_reason()
 
