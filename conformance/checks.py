@@ -133,11 +133,6 @@ class Judge:
         return facts
 
     # --------------------------------------------- what the oracle says
-    # LargeShapeJudge (conformance/test_large_shapes.py) overrides these three with
-    # blocked versions that never build an (Lq, Lk) array; the verdicts stay here.
-    def _expected_shape(self, case: Case, inputs: dict) -> tuple[int, ...]:
-        return self._expected(case, inputs, self.policy(case, inputs)).shape
-
     def policy(self, case: Case, inputs: dict) -> str:
         """The declared fully-masked-row policy that applies to this case."""
         return self.impl.policy_for(inputs.get("mask")) if case.op != "softmax" else "zeros"
@@ -150,6 +145,11 @@ class Judge:
         want = expected_output(case, inputs, policy)
         self._last_expected = (inputs, policy, want)
         return want
+
+    # LargeShapeJudge (conformance/test_large_shapes.py) overrides these three with
+    # blocked versions that never build an (Lq, Lk) array; the verdicts stay here.
+    def _expected_shape(self, case: Case, inputs: dict) -> tuple[int, ...]:
+        return self._expected(case, inputs, self.policy(case, inputs)).shape
 
     def _fully_masked_rows(self, case: Case, inputs: dict) -> np.ndarray:
         """(B, Hq, Lq) boolean, sdpa only: the rows with no key to attend."""

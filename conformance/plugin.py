@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -49,8 +48,6 @@ def discover(config) -> list[Implementation]:
 
 def configure(config) -> None:
     """Validate spec/ and fixtures/ and load implementations once; a defect is one usage error."""
-    if is_xdist_worker(config):  # inherited from the controller already, unless xdist was started another way
-        share_cores_between_workers(int(config.workerinput.get("workercount", 1)))
     share_jax_compilations(config)
     try:
         clauses()
@@ -86,8 +83,6 @@ def share_cores_between_workers(workers: int) -> None:
     threads = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
     for variable in THREAD_VARIABLES:
         os.environ.setdefault(variable, threads)
-    if "torch" in sys.modules:  # normally not: frameworks are imported lazily, after this
-        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def share_jax_compilations(config) -> None:

@@ -17,11 +17,8 @@ from conformance.specdata import ROOT
 pytestmark = pytest.mark.selfcheck
 
 
-def fake_config(workercount=None, cache=".attention-conformance/jax-cache", rootpath="/repo"):
-    config = SimpleNamespace(rootpath=Path(rootpath), getoption=lambda name, default=None: cache)
-    if workercount is not None:
-        config.workerinput = {"workercount": workercount}
-    return config
+def fake_config(cache=".attention-conformance/jax-cache", rootpath="/repo"):
+    return SimpleNamespace(rootpath=Path(rootpath), getoption=lambda name, default=None: cache)
 
 
 @pytest.fixture
