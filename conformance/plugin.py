@@ -151,24 +151,41 @@ def _selected_dtypes(config, impl: Implementation, device: str) -> list[str]:
     return [d for d in DTYPE_NAMES if d in impl.dtypes_on(device) and d in wanted]
 
 
+def _whole_skip_reason(impl: Implementation, device: str, op: str | None) -> str | None:
+    """Why no dtype of ``impl`` can run ``op`` on ``device`` here (None: some can)."""
+    if impl.skip_reason:
+        return impl.skip_reason
+    if device not in impl.devices():
+        return absent_device_reason(impl, device)
+    if op and not impl.implements(op):
+        return f"not implemented: {impl.name} does not expose {op}"
+    return None
+
+
 def implementation_params(config, op: str | None):
-    """(impl, device, dtype) triples as pytest params, with skips that say why."""
+    """(impl, device, dtype) triples as pytest params; what cannot run here is one skipped param saying why.
+
+    A device that is absent, a framework that is missing or an operation the
+    implementation lacks skips every dtype for the same reason, so it is one item
+    ``impl-device`` (dtype None), not one per dtype: on a machine without a GPU
+    that halves the items, and every item costs a report round trip under xdist.
+    Skipping at collection also keeps Hypothesis's engine from starting.
+    """
     params = []
     for impl in implementations(config):
         devices = [d for d in ARRAY_DEVICE_NAMES[impl.array] if d in _selected_devices(config)]
         if impl.declared_devices is not None:
             devices = [d for d in devices if d in impl.declared_devices]
         for device in devices:
-            for dtype in _selected_dtypes(config, impl, device):
-                marks = []
-                if impl.skip_reason:
-                    marks.append(pytest.mark.skip(reason=impl.skip_reason))
-                elif device not in impl.devices():
-                    # Skipped at collection: a case skipped inside its body first starts Hypothesis's engine.
-                    marks.append(pytest.mark.skip(reason=absent_device_reason(impl, device)))
-                elif op and not impl.implements(op):
-                    marks.append(pytest.mark.skip(reason=f"not implemented: {impl.name} does not expose {op}"))
-                params.append(pytest.param(impl, device, dtype, id=f"{impl.name}-{device}-{dtype}", marks=marks))
+            dtypes = _selected_dtypes(config, impl, device)
+            if not dtypes:
+                continue
+            reason = _whole_skip_reason(impl, device, op)
+            if reason:
+                params.append(pytest.param(impl, device, None, id=f"{impl.name}-{device}",
+                                           marks=[pytest.mark.skip(reason=reason)]))
+                continue
+            params.extend(pytest.param(impl, device, dtype, id=f"{impl.name}-{device}-{dtype}") for dtype in dtypes)
     return params
 
 
@@ -180,19 +197,33 @@ def parametrize(metafunc) -> None:
     op = marker.args[0] if marker else None
     triples = implementation_params(metafunc.config, op)
     if "fixture_case" in names:
-        rows = []
-        for fx in fixtures():
-            if fx.op == "scores":
-                continue  # oracle-only fixtures are checked by the self-check suite
-            for p in triples:
-                impl, device, dtype = p.values
-                marks = list(p.marks)
-                if not marks and not impl.implements(fx.op):
-                    marks.append(pytest.mark.skip(reason=f"not implemented: {impl.name} does not expose {fx.op}"))
-                rows.append(pytest.param(fx, impl, device, dtype, id=f"{fx.id}-{p.id}", marks=marks))
-        metafunc.parametrize(("fixture_case", "impl", "device", "dtype"), rows)
+        metafunc.parametrize(("fixture_case", "impl", "device", "dtype"), _fixture_rows(triples))
     else:
         metafunc.parametrize(("impl", "device", "dtype"), triples)
+
+
+def _fixture_rows(triples) -> list:
+    """Every fixture against every runnable triple; a skipped (impl, device) stays one item per operation."""
+    rows, skipped = [], set()
+    for fx in fixtures():
+        if fx.op == "scores":
+            continue  # oracle-only fixtures are checked by the self-check suite
+        for p in triples:
+            impl, device, dtype = p.values
+            if p.marks:
+                if p.id not in skipped:
+                    skipped.add(p.id)
+                    rows.append(pytest.param(None, impl, device, None, id=p.id, marks=p.marks))
+                continue
+            reason = _whole_skip_reason(impl, device, fx.op)
+            if reason:
+                key = f"{impl.name}-{device}-{fx.op}"
+                if key not in skipped:
+                    skipped.add(key)
+                    rows.append(pytest.param(None, impl, device, None, id=key, marks=[pytest.mark.skip(reason=reason)]))
+                continue
+            rows.append(pytest.param(fx, impl, device, dtype, id=f"{fx.id}-{p.id}"))
+    return rows
 
 
 def absent_device_reason(impl: Implementation, device: str) -> str:

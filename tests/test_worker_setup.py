@@ -96,8 +96,38 @@ def test_an_absent_device_is_skipped_at_collection_with_its_reason(monkeypatch):
                              stash={plugin.IMPLS_KEY: [impl]})
     params = {p.id: p for p in plugin.implementation_params(config, "sdpa")}
     assert not params["torch_like-cpu-float32"].marks
-    (mark,) = params["torch_like-cuda-float32"].marks
+    (mark,) = params["torch_like-cuda"].marks
     assert mark.name == "skip" and mark.kwargs["reason"] == "cuda is not available to torch_like (torch) on this machine"
+
+
+def test_what_cannot_run_is_one_skipped_item_per_device_not_one_per_dtype(monkeypatch):
+    from implementations._registry import from_object
+
+    class TorchLike:
+        ARRAY = "torch"
+        DTYPES = ("float16", "float32", "float64")
+
+        @staticmethod
+        def sdpa(q, k, v):
+            return q
+
+    impl = from_object(TorchLike, "torch_like", "tests:TorchLike")
+    monkeypatch.setattr(impl, "devices", lambda: ["cpu"])
+    config = SimpleNamespace(getoption=lambda name: {"device": "all", "dtype": []}[name],
+                             stash={plugin.IMPLS_KEY: [impl]})
+    sdpa = {p.id: p for p in plugin.implementation_params(config, "sdpa")}
+    assert sorted(sdpa) == ["torch_like-cpu-float16", "torch_like-cpu-float32", "torch_like-cpu-float64",
+                            "torch_like-cuda"]
+    assert sdpa["torch_like-cuda"].values == (impl, "cuda", None)
+    softmax = {p.id: p for p in plugin.implementation_params(config, "softmax")}
+    assert sorted(softmax) == ["torch_like-cpu", "torch_like-cuda"]
+    assert softmax["torch_like-cpu"].marks[0].kwargs["reason"] == "not implemented: torch_like does not expose softmax"
+    # Fixtures: the missing operation is one item per operation, the absent device one item in all.
+    rows = [r.id for r in plugin._fixture_rows(plugin.implementation_params(config, None))]
+    assert rows.count("torch_like-cuda") == 1
+    assert {"torch_like-cpu-softmax", "torch_like-cpu-multi_head_attention"} <= set(rows)
+    assert len([r for r in rows if r.endswith("torch_like-cpu-float32")]) == len(
+        [fx for fx in plugin.fixtures() if fx.op == "sdpa"])
 
 
 @pytest.mark.parametrize("array, max_examples, expected", [("jax", 30, 3), ("jax", 10, 1), ("numpy", 10, 10)])
