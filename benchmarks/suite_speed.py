@@ -5,7 +5,8 @@
 
 Figures:
   default run      wall time of `pytest` at the root (conformance/; addopts give
-                   -n auto) with JAX's compilation cache cold and then warm, of
+                   -n auto) with JAX's compilation cache cold (with its XLA
+                   compiles counted by benchmarks/jax_compile_log.py) and then warm, of
                    `pytest -n 0` (one process), of the self-checks `pytest tests`
                    and both together, and of `pytest conformance --impl
                    examples.my_attention` (one plain NumPy module)
@@ -30,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,8 +55,16 @@ JAX_CACHE = ROOT / ".attention-conformance" / "jax-cache"  # conftest.py's --jax
 def whole_suite_figures() -> None:
     pytest = [sys.executable, "-m", "pytest", "-q"]
     shutil.rmtree(JAX_CACHE, ignore_errors=True)
+    compile_log = Path(tempfile.mkdtemp()) / "compiles.txt"
+    counting = {"JAX_COMPILE_LOG": str(compile_log),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
+    seconds, tail = wall(pytest + ["-p", "jax_compile_log"], env=counting)
+    print(f"{'default run `pytest` (conformance/, -n auto), cold JAX cache':<62} {seconds:7.1f} s   {tail}")
+    if compile_log.exists():
+        from jax_compile_log import summary
+
+        print(f"{'  of which':<62} {summary(str(compile_log))}")
     for label, extra in (
-        ("default run `pytest` (conformance/, -n auto), cold JAX cache", []),
         ("default run again, warm JAX cache", []),
         ("one process (`pytest -n 0`), warm JAX cache", ["-n", "0"]),
         ("self-checks (`pytest tests`)", ["tests"]),
