@@ -79,12 +79,13 @@ def test_loading_the_builtins_imports_no_framework():
     assert done.stdout.strip() == "[]"
 
 
-def test_an_absent_device_is_skipped_at_collection_with_its_reason(monkeypatch):
+def torch_like_on_cpu_only(monkeypatch, dtypes):
+    """A torch sdpa-only implementation on a machine with a CPU and no GPU, and a config running it."""
     from implementations._registry import from_object
 
     class TorchLike:
         ARRAY = "torch"
-        DTYPES = ("float32",)
+        DTYPES = dtypes
 
         @staticmethod
         def sdpa(q, k, v):
@@ -94,6 +95,11 @@ def test_an_absent_device_is_skipped_at_collection_with_its_reason(monkeypatch):
     monkeypatch.setattr(impl, "devices", lambda: ["cpu"])
     config = SimpleNamespace(getoption=lambda name: {"device": "all", "dtype": []}[name],
                              stash={plugin.IMPLS_KEY: [impl]})
+    return impl, config
+
+
+def test_an_absent_device_is_skipped_at_collection_with_its_reason(monkeypatch):
+    _, config = torch_like_on_cpu_only(monkeypatch, ("float32",))
     params = {p.id: p for p in plugin.implementation_params(config, "sdpa")}
     assert not params["torch_like-cpu-float32"].marks
     (mark,) = params["torch_like-cuda"].marks
@@ -101,20 +107,7 @@ def test_an_absent_device_is_skipped_at_collection_with_its_reason(monkeypatch):
 
 
 def test_what_cannot_run_is_one_skipped_item_per_device_not_one_per_dtype(monkeypatch):
-    from implementations._registry import from_object
-
-    class TorchLike:
-        ARRAY = "torch"
-        DTYPES = ("float16", "float32", "float64")
-
-        @staticmethod
-        def sdpa(q, k, v):
-            return q
-
-    impl = from_object(TorchLike, "torch_like", "tests:TorchLike")
-    monkeypatch.setattr(impl, "devices", lambda: ["cpu"])
-    config = SimpleNamespace(getoption=lambda name: {"device": "all", "dtype": []}[name],
-                             stash={plugin.IMPLS_KEY: [impl]})
+    impl, config = torch_like_on_cpu_only(monkeypatch, ("float16", "float32", "float64"))
     sdpa = {p.id: p for p in plugin.implementation_params(config, "sdpa")}
     assert sorted(sdpa) == ["torch_like-cpu-float16", "torch_like-cpu-float32", "torch_like-cpu-float64",
                             "torch_like-cuda"]
