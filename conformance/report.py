@@ -82,7 +82,14 @@ def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: s
     if op == "sdpa":
         oracle_args += f", fully_masked_rows_policy={policy!r}"
     lines.append(f"want = oracle.{op}({oracle_args})")
-    lines.append("print('max abs error', np.nanmax(np.abs(got.astype(np.float64) - want)))")
+    # NaN where the oracle is NaN (a fully masked row under policy "nan") is agreement; any other NaN or
+    # inf is reported, not skipped (np.nanmax would hide exactly the failures of sdpa.finite).
+    lines += [
+        "got = got.astype(np.float64)",
+        "agree = (got == want) | (np.isnan(got) & np.isnan(want))",
+        "print('max abs error', np.max(np.where(agree, 0.0, np.abs(got - want)), initial=0.0))",
+        "print('non-finite where the oracle is finite', int((~np.isfinite(got) & np.isfinite(want)).sum()))",
+    ]
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import checks, oracle, oracle_blocked, tolerances
+from conformance import oracle, oracle_blocked, tolerances
 from conformance.checks import Judge
 from conformance.report import ConformanceFailure
 from conformance.strategies import sdpa_cases
@@ -151,14 +151,6 @@ def test_memory_stays_linear_in_length():
 # One implementation per fully-masked-row policy, and one that fails.
 JUDGED = ["builtin:numpy_native", "zoo.correct_nan_fully_masked", "zoo.correct_uniform_fully_masked",
           "zoo.broken_causal_plus_one"]
-
-
-@pytest.fixture
-def kept_records():
-    """The judges below record cases; the session's report must not see them."""
-    kept = list(checks.RECORDS)
-    yield
-    checks.RECORDS[:] = kept
 
 
 def verdict(judge, case, judge_case):

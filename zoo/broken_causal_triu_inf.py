@@ -19,8 +19,11 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     scores = (q64 @ np.swapaxes(k64, -1, -2)) * float(scale)
     bias = ref.mask_bias(mask)
     with np.errstate(invalid="ignore"):
-        if is_causal:
-            lq, lk = q64.shape[-2], k64.shape[-2]
-            bias = bias + np.triu(np.ones((lq, lk)), 1) * -np.inf  # BUG: 0 * -inf = NaN
-        weights = ref.masked_softmax(scores + np.broadcast_to(bias, scores.shape), axis=-1)
-        return (weights @ v64).astype(ref.out_dtype(q))
+        if not is_causal:
+            weights = ref.masked_softmax(scores + np.broadcast_to(bias, scores.shape), axis=-1)
+            return (weights @ v64).astype(ref.out_dtype(q))
+        lq, lk = q64.shape[-2], k64.shape[-2]
+        z = scores + bias + np.triu(np.ones((lq, lk)), 1) * -np.inf  # BUG: 0 * -inf = NaN
+        # torch.softmax, as in the document: a NaN anywhere in a row makes the whole row NaN.
+        e = np.exp(z - np.max(z, axis=-1, keepdims=True))
+        return ((e / np.sum(e, axis=-1, keepdims=True)) @ v64).astype(ref.out_dtype(q))

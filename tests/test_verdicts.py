@@ -1,0 +1,68 @@
+"""What a failure says: the clause the values break, and a repro that shows the failure."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conformance.cases import Case
+from conformance.checks import Judge
+from conformance.report import ConformanceFailure
+from implementations import load_implementation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def failure_of(spec: str, case: Case, dtype: str = "float64") -> tuple[ConformanceFailure, str]:
+    """The failure of implementation ``spec`` on ``case``, and the repro its message would print."""
+    judge = Judge(load_implementation(spec), dtype, "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(case)
+    return raised.value, judge._snippet(case, case.inputs)
+
+
+def sdpa_case(clauses, **options) -> Case:
+    rng = np.random.default_rng(7)
+    inputs = {"q": rng.standard_normal((1, 1, 3, 4)), "k": rng.standard_normal((1, 1, 5, 4)),
+              "v": rng.standard_normal((1, 1, 5, 2)), **options}
+    return Case("sdpa", inputs, clauses, "three queries, five keys")
+
+
+@pytest.mark.parametrize("spec, clauses, options, expected", [
+    # A case listed first under its shape clause: off in its values, it breaks the next clause listed.
+    ("zoo.broken_scale_ignored", ("sdpa.output-shape", "sdpa.scale-explicit"), {"scale": 1.5}, "sdpa.scale-explicit"),
+    # Only clauses with checks of their own: the values break the definition.
+    ("zoo.broken_sdpa_no_scale", ("mask.fully-masked-row", "sdpa.finite"), {}, "sdpa.definition"),
+    # A clause about values listed first keeps the failure.
+    ("zoo.broken_sdpa_no_scale", ("sdpa.scale-default", "sdpa.output-shape"), {}, "sdpa.scale-default"),
+])
+def test_an_error_beyond_the_tolerance_is_filed_under_a_clause_about_values(spec, clauses, options, expected,
+                                                                            kept_records):
+    failure, _ = failure_of(spec, sdpa_case(clauses, **options))
+    assert failure.clause == expected
+    assert f"[{expected}]" in str(failure) and "exceeds the allowed error" in str(failure)
+
+
+def test_the_repro_of_a_non_finite_output_shows_it(kept_records):
+    """np.nanmax would print the error of the finite elements only, hiding the failure."""
+    x = np.array([[800.0, 0.0, -3.0], [1.0, 2.0, 3.0]])
+    case = Case("softmax", {"x": x}, ("softmax.large-inputs",), "one row above exp's range")
+    failure, snippet = failure_of("zoo.broken_softmax_no_max_sub", case)
+    assert failure.clause == "softmax.large-inputs"
+    done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "max abs error nan" in done.stdout, done.stdout
+    assert "non-finite where the oracle is finite 1" in done.stdout, done.stdout
+
+
+def test_the_repro_of_a_correct_implementation_prints_zero_error(kept_records):
+    from conformance.report import repro
+
+    x = np.array([[800.0, 0.0, -np.inf], [1.0, 2.0, 3.0]])
+    snippet = repro("builtin:numpy_native", "softmax", {"x": x}, "float64", "cpu")
+    done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["max abs error 0.0", "non-finite where the oracle is finite 0"], done.stdout
