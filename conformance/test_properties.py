@@ -18,7 +18,7 @@ from .cases import Case, widen
 from . import checks
 from .checks import Judge, allowed_error
 from .plugin import require_device
-from .strategies import sdpa_cases, softmax_cases
+from .strategies import TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, sdpa_cases, softmax_cases
 
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
@@ -80,6 +80,13 @@ def check(impl, device, dtype, case: Case):
 @sdpa_op
 @given(case=sdpa_cases(allow_empty_rows=True))
 def test_sdpa_matches_oracle(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@property_test
+@sdpa_op
+@given(case=sdpa_cases(lengths=TILE_EDGE_LENGTHS, dims=TILE_EDGE_DIMS, clauses=("sdpa.any-length",)))
+def test_lengths_and_widths_off_tile_boundaries(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
