@@ -228,4 +228,35 @@ def test_dropout_rate(impl, device, dtype, case):
             f"(Hoeffding, false-alarm probability {false_alarm:g})",
             f"{int(round(dropped * n))} exact zeros among {n} weights",
         )
+    _check_independence(judge, case, inputs, got == 0, p, false_alarm)
     judge.record(case, "dropout.rate", "passed", max_abs_error=abs(dropped - p), allowed=half_width)
+
+
+def _check_independence(judge, case, inputs, dropped: np.ndarray, p: float, false_alarm: float) -> None:
+    """Independent drops: every key and query position at rate p, and no two (batch, head) slices alike.
+
+    A fixed pattern (the first keys of every row, say) has the right overall rate;
+    its positions do not. The false-alarm budget is split over the Lq + Lk position
+    checks (union bound), each a Hoeffding bound over its B*H*L weights.
+    """
+    __tracebackhide__ = True
+    b, h, lq, lk = dropped.shape
+    for axis, name, length, per in ((-1, "query", lq, b * h * lk), (-2, "key", lk, b * h * lq)):
+        rates = dropped.mean(axis=(0, 1, axis))
+        half_width = hoeffding_half_width(per, false_alarm / (lq + lk))
+        worst = int(np.argmax(np.abs(rates - p)))
+        if abs(rates[worst] - p) > half_width:
+            judge.fail(
+                "dropout.rate", case, inputs,
+                f"{name} position {worst} has dropped fraction {rates[worst]:.4f} of {per} weights, expected "
+                f"dropout_p = {p:.4g} +- {half_width:.4f}: drops depend on the position, not independent",
+                f"dropped fraction per {name} position: {np.round(rates, 3).tolist()[:16]}",
+            )
+    slices = dropped.reshape(b * h, lq * lk)
+    alike = [i for i in range(1, b * h) if np.array_equal(slices[i], slices[0])]
+    if alike:
+        judge.fail(
+            "dropout.rate", case, inputs,
+            f"(batch, head) slices {alike} drop exactly the weights slice 0 drops ({lq * lk} weights each): "
+            f"the drops are shared, not independent",
+        )
