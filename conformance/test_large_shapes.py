@@ -63,8 +63,9 @@ class Shape:
                 f"mask={self.mask}{' causal' if self.is_causal else ''} seed={SEED}")
 
 
-# A failure names a case's first clause. These cases mix features, so that is
-# sdpa.definition; attributing a bug to one clause is the small property tests' job.
+# A failure names the case's first clause about values (checks.accuracy_clause). These cases mix
+# features, so that is sdpa.definition (sdpa.any-length for ragged lengths); attributing a bug to one
+# clause is the small property tests' job.
 SHAPES = [
     # Prompt processing of a grouped-query model: the causal band crosses every tile boundary of a blocked kernel.
     Shape("prefill", 1, 8, 2, 4096, 4096, 128, "none", True,
@@ -77,6 +78,9 @@ SHAPES = [
           ("sdpa.definition", "sdpa.cross-attention", "mask.float-additive")),
     # The longest causal band, on one head: more heads would add time, not coverage.
     Shape("long-causal", 1, 1, 1, 16384, 16384, 128, "none", True, ("sdpa.definition", "causal.top-left")),
+    # Lengths one short of and one past a power of two: the last query tile and the last key tile are
+    # partial for every tile size from 2 to 1024 (the other cases' lengths are multiples of all of them).
+    Shape("ragged", 2, 4, 2, 1023, 4097, 128, "none", False, ("sdpa.any-length", "sdpa.definition")),
 ]
 
 
