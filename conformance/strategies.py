@@ -83,10 +83,12 @@ def sdpa_cases(
     bottom_right_mask: bool = False,
     lengths=st.integers(1, MAX_LEN),
     dims=st.integers(1, MAX_DIM),
+    kv_heads=st.integers(1, MAX_KV_HEADS),
+    groups=st.integers(1, MAX_GROUP),
 ) -> Case:
     b = draw(st.integers(1, MAX_BATCH), label="B")
-    hkv = draw(st.integers(1, MAX_KV_HEADS), label="Hkv")
-    hq = hkv * (draw(st.integers(1, MAX_GROUP), label="Hq/Hkv") if gqa else 1)
+    hkv = draw(kv_heads, label="Hkv")
+    hq = hkv * (draw(groups, label="Hq/Hkv") if gqa else 1)
     lq = draw(lengths, label="Lq")
     lk = lq if same_lengths else draw(lengths, label="Lk")
     dk = draw(dims, label="Dk")
