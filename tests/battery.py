@@ -119,6 +119,24 @@ def _run_property(verdicts: Verdicts, impl, fn, dtype: str, max_examples: int) -
         suppress_health_check=list(HealthCheck),
     )
     try:
-        _run(verdicts, fn.__name__, dtype, lambda: fn(impl=impl, device="cpu", dtype=dtype))
+        for extra in _own_parameters(fn):
+            _run(verdicts, fn.__name__, dtype, lambda: fn(impl=impl, device="cpu", dtype=dtype, **extra))
     finally:
         inner._hypothesis_internal_use_settings = base
+
+
+PARAM_TYPE = type(pytest.param(None))  # what pytest.param returns: its .values is always a tuple
+
+
+def _own_parameters(fn) -> list[dict]:
+    """Every keyword combination of the test's own @pytest.mark.parametrize marks ([{}] if it has none)."""
+    combinations = [{}]
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names = mark.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        rows = [row.values if isinstance(row, PARAM_TYPE) else row if len(names) > 1 else (row,)
+                for row in mark.args[1]]
+        combinations = [{**done, **dict(zip(names, row))} for done in combinations for row in rows]
+    return combinations
