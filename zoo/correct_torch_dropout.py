@@ -16,7 +16,8 @@ EXPECTED_CLAUSES = frozenset()
 ARRAY = "torch"
 
 
-def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0):
+def attention_weights(q, k, v, mask=None, is_causal=False, scale=None):
+    """softmax(q k^T scale + bias) and v with its kv heads repeated to Hq: the weights dropout acts on."""
     hq, hkv = q.shape[1], k.shape[1]
     if hkv == 0 or hq % hkv or v.shape[1] != hkv:
         raise ValueError("incompatible q/k/v shapes")
@@ -29,7 +30,11 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0):
         band = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~band, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    weights = weights.masked_fill(torch.isneginf(scores).all(dim=-1, keepdim=True), 0.0)  # fully masked rows
+    return weights.masked_fill(torch.isneginf(scores).all(dim=-1, keepdim=True), 0.0), v  # fully masked rows: 0
+
+
+def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0):
+    weights, v = attention_weights(q, k, v, mask, is_causal, scale)
     if dropout_p > 0:
         keep = torch.rand(weights.shape, device=weights.device) >= dropout_p
         weights = weights * keep / (1.0 - dropout_p)
