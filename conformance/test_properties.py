@@ -83,7 +83,10 @@ def test_sdpa_matches_oracle(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+# Four in five drawn lengths exceed 8 and leave a partial tile of 8 (measured over Hypothesis's draws);
+# three examples even for JAX (a tenth of the profile's otherwise) make a kernel that mishandles that
+# tail fail in dev 99 times in 100.
+@property_test(min_jit_examples=3)
 @sdpa_op
 @given(case=sdpa_cases(lengths=TILE_EDGE_LENGTHS, dims=TILE_EDGE_DIMS, clauses=("sdpa.any-length",)))
 def test_lengths_and_widths_off_tile_boundaries(impl, device, dtype, case):
