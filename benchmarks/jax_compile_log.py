@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+from pathlib import Path
 
 EVENTS = {
     "/jax/core/compile/backend_compile_duration": "compile",
@@ -51,7 +52,7 @@ def pytest_sessionfinish(session):
 
 def summary(path: str) -> str:
     """One line from the log: compiles and seconds, in all and per process."""
-    rows = [line.split() for line in open(path).read().splitlines() if line.strip()]
+    rows = [line.split() for line in Path(path).read_text().splitlines() if line.strip()]
     compiles = sum(int(r[1]) for r in rows)
     backend = sum(float(r[2]) for r in rows)
     front = sum(float(r[3]) for r in rows)

@@ -241,7 +241,7 @@ def _check_independence(judge, case, inputs, dropped: np.ndarray, p: float, fals
     """
     __tracebackhide__ = True
     b, h, lq, lk = dropped.shape
-    for axis, name, length, per in ((-1, "query", lq, b * h * lk), (-2, "key", lk, b * h * lq)):
+    for axis, name, per in ((-1, "query", b * h * lk), (-2, "key", b * h * lq)):
         rates = dropped.mean(axis=(0, 1, axis))
         half_width = hoeffding_half_width(per, false_alarm / (lq + lk))
         worst = int(np.argmax(np.abs(rates - p)))

@@ -18,5 +18,4 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     if mask is not None and np.asarray(mask).shape[-1] == lk:
         mask = np.asarray(mask)[..., :seen]
     # The causal band is top-left aligned, so it is the same band on the first `seen` keys.
-    return flash.sdpa(q, np.asarray(k)[..., :seen, :], np.asarray(v)[..., :seen, :], mask, is_causal,
-                      1.0 / np.sqrt(np.asarray(q).shape[-1]) if scale is None else scale)
+    return flash.sdpa(q, np.asarray(k)[..., :seen, :], np.asarray(v)[..., :seen, :], mask, is_causal, scale)
