@@ -8,6 +8,8 @@ itself; `pytest tests`, and CI runs both).
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conformance import plugin as support
@@ -24,7 +26,7 @@ def pytest_addoption(parser):
         "implementation found through $ATTENTION_CONFORMANCE_IMPL or entry points runs.",
     )
     group.addoption(
-        "--device", choices=("cpu", "cuda", "all"), default="all",
+        "--device", choices=support.DEVICES + ("all",), default="all",
         help="devices to test: cpu, cuda, or all (default; cases for an absent device are skipped with the reason).",
     )
     group.addoption(
@@ -40,12 +42,23 @@ def pytest_addoption(parser):
     group.addoption("--jax-compilation-cache", metavar="DIR|off", default=".attention-conformance/jax-cache",
                     help="JAX's persistent compilation cache for this run, relative to the rootdir "
                     "(default: %(default)s; 'off' disables it; $JAX_COMPILATION_CACHE_DIR, if set, wins).")
+    group.addoption("--call-timeout", metavar="SECONDS", default=None,
+                    help="time limit of each call of an implementation (default 30; 0 or off: no limit). A call past "
+                    "it fails its case as a hang, and the implementation's later calls fail at once "
+                    "(sets $ATTENTION_CONFORMANCE_CALL_TIMEOUT).")
+    group.addoption("--min-judged", type=int, default=1, metavar="N",
+                    help="coverage floor: each implementation and operation with runnable cases must have at least N "
+                    "cases judged (passed, failed or a declared deviation), else the run fails (default 1).")
+    group.addoption("--allow-unjudged", action="store_true", default=False,
+                    help="report a run that judged too few cases (README 'Coverage') without failing it.")
     group.addoption("--large-shapes", action="store_true", default=False,
                     help="also run conformance/test_large_shapes.py: sdpa at Lk up to 16384, D 128, judged by the "
                     "blocked float64 oracle (slow; see docs/large-shapes.md).")
 
 
 def pytest_configure(config):
+    if config.getoption("call_timeout") is not None:  # xdist workers inherit it
+        os.environ["ATTENTION_CONFORMANCE_CALL_TIMEOUT"] = str(config.getoption("call_timeout"))
     config.addinivalue_line("markers", "conformance: a case run against an implementation")
     config.addinivalue_line("markers", "selfcheck: the suite checking itself (deselected with --impl)")
     support.configure(config)
@@ -53,6 +66,9 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     support.deselect_selfcheck_for_user_impls(config, items)
+    from conformance import coverage
+
+    coverage.note_collection(items)
 
 
 def pytest_generate_tests(metafunc):
@@ -64,7 +80,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    support.write_report(session, exitstatus)
+    support.enforce_coverage(session)
+    support.write_report(session, session.exitstatus)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -77,3 +94,6 @@ def pytest_xdist_setupnodes(config, specs):
 def pytest_testnodedown(node, error):
     """pytest-xdist: a worker finished; merge its conformance records into the controller's."""
     support.receive_from_worker(node)
+    from conformance import coverage
+
+    coverage.receive(node)

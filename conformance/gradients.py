@@ -22,7 +22,7 @@ import numpy as np
 from implementations._arrays import ARRAY_KINDS
 
 from . import oracle, oracle_backward
-from .tolerances import model, unit_roundoff
+from .tolerances import model, tf32_unit_roundoff, unit_roundoff
 
 GRADIENT_ARRAYS = ("torch", "jax")
 GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "mask": "dmask"}
@@ -127,14 +127,16 @@ def _constants() -> dict[str, float]:
 
 
 def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str,
-                     constants: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+                     constants: dict[str, float] | None = None, tf32: bool = False) -> dict[str, np.ndarray]:
     """Allowed absolute error per element of dq, dk, dv (and dmask for a float mask).
 
     ``constants`` overrides the spec's (already multiplied by the safety factor);
-    the calibration passes all ones to measure raw ratios.
+    the calibration passes all ones to measure raw ratios. ``tf32``: float32 matmuls
+    declared to run in TF32 (FLOAT32_MATMUL); the backward then uses TF32's unit
+    roundoff throughout (spec/tolerances.yaml, tf32).
     """
     c = _constants() if constants is None else constants
-    u = unit_roundoff(dtype)
+    u = max(unit_roundoff(dtype), tf32_unit_roundoff()) if tf32 else unit_roundoff(dtype)
     eta = float(model()["sdpa_backward"]["underflow"][dtype])  # absolute error of one rounding near 0
     a = oracle_backward.attention_parts(q, k, v, d_out, mask, is_causal, scale)
     q64, k_rep, v_rep, d_o, p, dp, ds, sc = (a[n] for n in ("q", "k", "v", "d_out", "p", "dp", "ds", "scale"))

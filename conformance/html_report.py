@@ -156,9 +156,9 @@ def _header(report: dict, path: Path) -> str:
     meaning = EXIT_MEANINGS.get(status, "unknown")
     badge = "ok" if status == 0 else "bad"
     commit = suite.get("commit")
-    json_name = path.with_suffix(".json").name
-    json_link = (f' · <a href="{e(json_name)}">{e(json_name)}</a> (the full JSON report)'
-                 if path.with_suffix(".json").exists() else "")
+    found = [p for p in (path.with_suffix(".json"), path.with_suffix(".json.gz")) if p.exists()]
+    json_link = (f' · <a href="{e(found[0].name)}">{e(found[0].name)}</a> (the full JSON report)'
+                 if found else "")
     rows = [
         ("suite", f"{e(suite.get('name', 'attention-conformance'))} {e(suite.get('version'))}"),
         ("commit", f'<span class="mono" title="{e(commit)}">{e(commit or "unknown (not a git checkout)")}</span>'),
@@ -175,18 +175,22 @@ def _environment(report: dict) -> str:
     devices = env.get("devices") or {}
     version_rows = [(e(name), e(v) if v else '<span class="note">not loaded in this run</span>')
                     for name, v in versions.items()]
-    device_rows = [(e(name), e(v)) for name, v in devices.items()]
+    device_rows = [(e(name), "<br>".join(e(x) for x in v) if isinstance(v, list) else e(v))
+                   for name, v in devices.items()]
     out = ["<h2>Environment</h2>", f'<p>Platform: <span class="mono">{e(env.get("platform"))}</span></p>',
            '<div style="display:flex; gap:2em; flex-wrap:wrap"><div><h3>Versions</h3>',
            _table(["package", "version"], version_rows, "meta"),
            '<p class="note">A framework is listed only if the run imported it.</p></div>',
            "<div><h3>Devices</h3>", _table(["device", "name"], device_rows, "meta"),
-           '<p class="note">cuda appears only when torch saw a GPU.</p></div></div>']
+           '<p class="note">cuda: the GPUs torch saw (only when the run imported torch); jax: the devices of '
+           "JAX's started backends (only when the run used JAX). Under xdist, united over the workers.</p>"
+           "</div></div>"]
     return "".join(out)
 
 
 def _implementations(report: dict, counts: dict[str, Counter], names: list[str]) -> str:
     described = {d.get("name"): d for d in report.get("implementations") or []}
+    summary = report.get("summary") or {}
     rows = []
     for name in names:
         d = described.get(name, {})
@@ -195,6 +199,10 @@ def _implementations(report: dict, counts: dict[str, Counter], names: list[str])
             f'<span style="background:{STATUS_COLOURS[s][0]};color:{STATUS_COLOURS[s][1]};padding:0 .3em">'
             f"{c.get(s, 0)} {s}</span>" for s in STATUSES if c.get(s) or s in ("passed", "failed")
         ) + "</span>"
+        reasons = (summary.get(name) or {}).get("unsupported_reasons") or []
+        if reasons:
+            count_html += '<div class="note">top unsupported reasons:<br>' + "<br>".join(
+                f"{e(r.get('count'))} × {e(r.get('reason'))}" for r in reasons) + "</div>"
         ops = [op for op, present in (d.get("operations") or {}).items() if present]
         deviations = d.get("known_deviations") or []
         deviation_html = "<br>".join(
@@ -442,7 +450,9 @@ def _failures(cases: list[dict]) -> str:
         if last.get("max_abs_error") is not None:
             figures = (f"<br>error {e(_fmt(last.get('max_abs_error')))}<br>allowed {e(_fmt(last.get('allowed')))}"
                        f"<br>ratio {e(_fmt(last.get('ratio')))}")
-        shapes = ", ".join(f"{k}{tuple(v)}" for k, v in (last.get("shapes") or {}).items())
+        shapes = last.get("shapes") or ""
+        if isinstance(shapes, dict):  # schema version 1 wrote a dict
+            shapes = ", ".join(f"{k}{tuple(v)}" for k, v in shapes.items())
         rows.append([
             f"<b>{e(impl)}</b><br>{e(device)}/{e(dtype)}",
             f'<a href="#clause-{e(clause)}"><code>{e(clause)}</code></a><br>'
@@ -476,7 +486,10 @@ def render(report: dict, path: Path) -> str:
     """The page as a string (``write`` saves it)."""
     path = Path(path)
     cases = list(report.get("cases") or [])
-    counts: dict[str, Counter] = {name: Counter(c) for name, c in (report.get("summary") or {}).items()}
+    counts: dict[str, Counter] = {  # summary entries also carry cases, judged and unsupported_reasons
+        name: Counter({s: n for s, n in c.items() if s in STATUSES and isinstance(n, int)})
+        for name, c in (report.get("summary") or {}).items()
+    }
     names = [d.get("name") for d in report.get("implementations") or []]
     for c in cases:
         if c.get("implementation") not in names:

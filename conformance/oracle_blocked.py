@@ -196,15 +196,17 @@ class _AllowedContext:
     """What the allowed error needs beyond the block: |k|, per-key and per-head maxima of |v|."""
 
     u: float
+    u_in: float  # TF32 rounding of the matmul inputs where declared, else 0 (spec/tolerances.yaml, tf32)
     abs_k_t: np.ndarray  # (B, Hkv, Dk, Lk)
     v_row_max: np.ndarray  # (B, Hq, 1, Lk): the largest |v_jd| of key j
     v_all_max: np.ndarray  # (B, Hq, 1, 1): max |v| over keys and dims (the 'uniform' spread)
 
 
-def _allowed_context(p: _Problem, dtype: str) -> _AllowedContext:
+def _allowed_context(p: _Problem, dtype: str, tf32: bool = False) -> _AllowedContext:
     abs_v = np.abs(p.v)
     return _AllowedContext(
         u=tolerances.unit_roundoff(dtype),
+        u_in=tolerances.tf32_unit_roundoff() if tf32 else 0.0,
         abs_k_t=np.swapaxes(np.abs(p.k), -1, -2),
         v_row_max=_per_query_head(np.max(abs_v, axis=-1)[..., None, :], p.query_heads),
         v_all_max=_per_query_head(np.max(abs_v, axis=(-2, -1), keepdims=True), p.query_heads),
@@ -217,16 +219,17 @@ def _block_allowed(p: _Problem, blk: _Block, ctx: _AllowedContext, policy: str) 
     Keys outside ``blk.keys`` have weight 0 and so cost nothing in either term.
     """
     u, dk = ctx.u, p.q.shape[-1]
-    # ds_ij = u * (sqrt(Dk) * |scale| * |q_i| . |k_j| + |m_ij|), m the finite part of the bias
+    c_in = tolerances.tf32_input_constant()
+    # ds_ij = u * (sqrt(Dk) * |scale| * |q_i| . |k_j| + |m_ij|) + c_in * 2 * u_in * |scale| * |q_i| . |k_j|,
+    # m the finite part of the bias (u_in: TF32 input rounding where declared, else 0)
     score_error = _with_kv(np.abs(p.q[:, :, blk.rows]), ctx.abs_k_t[..., blk.keys])
-    score_error *= abs(p.scale) * math.sqrt(dk)
-    score_error += np.where(np.isfinite(blk.bias), np.abs(blk.bias), 0.0)
-    score_error *= u
+    score_error *= abs(p.scale) * (u * math.sqrt(dk) + c_in * 2 * ctx.u_in)
+    score_error += u * np.where(np.isfinite(blk.bias), np.abs(blk.bias), 0.0)
     weighted_error = np.sum(np.multiply(blk.weights, score_error, out=score_error), axis=-1, keepdims=True)
     # tolerances._sdpa_terms also gives rows that attend nothing a V_i; sdpa_allowed then
     # overrides those rows (0, or the 'uniform' spread below), so it is not needed here.
     v_max = np.max(np.where(blk.weights > 0, ctx.v_row_max[..., blk.keys], 0.0), axis=-1, keepdims=True)
-    allowed = tolerances.sdpa_row_bound(u, v_max, weighted_error, p.lk)
+    allowed = tolerances.sdpa_row_bound(u, v_max, weighted_error, p.lk) + c_in * 2 * ctx.u_in * v_max
     if policy == "uniform":
         return np.where(blk.empty, tolerances.uniform_row_bound(u, ctx.v_all_max, p.lk), allowed)
     return np.where(blk.empty, 0.0, allowed)
@@ -244,15 +247,17 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_poli
 
 
 def sdpa_with_allowed(q, k, v, mask=None, is_causal=False, scale=None, dtype: str = "float32",
-                      policy: str = "zeros", block: int = DEFAULT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+                      policy: str = "zeros", block: int = DEFAULT_BLOCK,
+                      tf32: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(``oracle.sdpa``, ``tolerances.sdpa_allowed``) in one blocked pass.
 
     expected is (B, Hq, Lq, Dv); allowed is (B, Hq, Lq, 1), one bound per output row,
     broadcasting against expected. ``dtype`` names the dtype under test (its unit
-    roundoff sets the bound); ``policy`` is the fully-masked-rows policy.
+    roundoff sets the bound); ``policy`` is the fully-masked-rows policy; ``tf32``
+    declares TF32 float32 matmuls.
     """
     p = _problem(q, k, v, mask, is_causal, scale)
-    ctx = _allowed_context(p, dtype)
+    ctx = _allowed_context(p, dtype, tf32)
     expected = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
     allowed = np.empty(p.q.shape[:-1] + (1,))
     for rows in row_blocks(p.lq, block):

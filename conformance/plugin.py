@@ -18,6 +18,7 @@ ENV_VAR = "ATTENTION_CONFORMANCE_IMPL"
 ENTRY_POINT_GROUP = "attention_conformance.implementations"
 DEVICES = ("cpu", "cuda")
 IMPLS_KEY = pytest.StashKey[list]()
+USER_NAMED_KEY = pytest.StashKey[set]()  # implementations the user named (--impl, $ENV_VAR, entry points)
 ARRAY_DEVICE_NAMES = {"numpy": ("cpu",), "torch": DEVICES, "jax": DEVICES}
 
 __all__ = ["DTYPE_NAMES"]
@@ -32,6 +33,14 @@ def discover(config) -> list[Implementation]:
     if specs:
         return [load_implementation(spec) for spec in specs]
     found = [] if config.getoption("no_builtins") else builtin_implementations()
+    builtin_count = len(found)
+    found.extend(_entry_point_implementations())
+    config.stash[USER_NAMED_KEY] = {impl.name for impl in found[builtin_count:]}
+    return found
+
+
+def _entry_point_implementations() -> list[Implementation]:
+    found = []
     for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
         spec = entry.value
         try:
@@ -60,6 +69,7 @@ def configure(config) -> None:
     if duplicates:
         raise pytest.UsageError(f"two implementations share the name(s) {sorted(duplicates)}; set NAME to tell them apart")
     config.stash[IMPLS_KEY] = impls
+    config.stash.setdefault(USER_NAMED_KEY, {impl.name for impl in impls})
     if config.getoption("list_impls"):
         _print_impls(impls)
         pytest.exit("listed implementations", returncode=0)
@@ -81,8 +91,11 @@ def share_cores_between_workers(workers: int) -> None:
     Variables the user set are kept.
     """
     threads = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
-    for variable in THREAD_VARIABLES:
+    for variable in THREAD_VARIABLES + ("TORCHINDUCTOR_COMPILE_THREADS",):
         os.environ.setdefault(variable, threads)
+    # On a GPU, JAX preallocates 75 % of its memory per process: the second worker would find none left and
+    # every JAX case fail (measured on an H100 under -n 4). Allocate as needed instead.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def share_jax_compilations(config) -> None:
@@ -118,6 +131,13 @@ def _print_impls(impls) -> None:
         for deviation in d["known_deviations"]:
             print(f"    declared deviation of {deviation['clause']}: {deviation['reason']}")
         print(f"    operations: {ops}")
+        if d["supports"] != "everything":
+            region = ", ".join(f"{key}={value}" for key, value in d["supports"].items()
+                               if key != "supports()" or value)
+            print(f"    supports: {region}")
+        tf32 = [dev for dev, mode in d["float32_matmul"].items() if mode == "tf32"]
+        if tf32:
+            print(f"    float32 matmuls in TF32 on: {', '.join(tf32)}")
         if d["skip_reason"]:
             print(f"    skipped: {d['skip_reason']}")
         else:
@@ -253,9 +273,14 @@ def register_hypothesis_profiles() -> None:
 
 # ------------------------------------------------------------- reporting
 def terminal_summary(terminalreporter, config) -> None:
-    from . import summary
+    from . import coverage, summary
 
     summary.terminal_summary(terminalreporter, config)
+    lines = coverage.terminal_lines(config)
+    if lines:
+        terminalreporter.section("attention conformance: coverage", red=True)
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def is_xdist_worker(config) -> bool:
@@ -263,10 +288,11 @@ def is_xdist_worker(config) -> bool:
 
 
 def send_to_controller(config) -> None:
-    """An xdist worker hands its case records and kept outputs to the controller (via workeroutput)."""
-    from . import agreement, checks
+    """An xdist worker hands its case records, kept outputs, versions and devices to the controller (workeroutput)."""
+    from . import agreement, checks, summary
 
-    config.workeroutput["conformance_records"] = [rec.as_dict() for rec in checks.RECORDS]
+    config.workeroutput["conformance_records"] = [rec.transport() for rec in checks.RECORDS]
+    config.workeroutput["conformance_environment"] = summary.local_environment()
     config.workeroutput["conformance_outputs"] = [
         [dtype, case, name, np.asarray(out).tolist()]
         for (dtype, case), outputs in agreement._OUTPUTS.items()
@@ -275,18 +301,51 @@ def send_to_controller(config) -> None:
 
 
 def receive_from_worker(node) -> None:
-    """The controller merges what a finished xdist worker sent."""
-    from . import agreement, checks
+    """The controller merges what a finished xdist worker sent (the environment into summary.WORKER_ENVIRONMENT)."""
+    from . import agreement, checks, summary
     from .report import CaseRecord
 
     output = getattr(node, "workeroutput", {})
-    checks.RECORDS.extend(CaseRecord(**data) for data in output.get("conformance_records", []))
+    checks.RECORDS.extend(CaseRecord.from_transport(data) for data in output.get("conformance_records", []))
+    summary.merge_worker_environment(output.get("conformance_environment") or {})
     for dtype, case, name, values in output.get("conformance_outputs", []):
         agreement._OUTPUTS[(dtype, case)][name] = np.asarray(values, dtype=np.float64)
 
 
+def enforce_coverage(session) -> None:
+    """The controller (or the only process) applies the coverage rule (conformance/coverage.py)."""
+    if is_xdist_worker(session.config):
+        return
+    from . import coverage
+
+    config = session.config
+    coverage.enforce(session, implementations(config), config.stash.get(USER_NAMED_KEY, set()),
+                     lambda impl: _why_not_runnable(config, impl))
+
+
+def _why_not_runnable(config, impl: Implementation) -> str:
+    if impl.skip_reason:
+        return impl.skip_reason
+    devices = [d for d in _selected_devices(config) if d in ARRAY_DEVICE_NAMES[impl.array]]
+    if impl.declared_devices is not None:
+        devices = [d for d in devices if d in impl.declared_devices]
+    if not devices:
+        return (f"--device {config.getoption('device')} selects none of the devices it runs on "
+                f"({', '.join(impl.declared_devices or ARRAY_DEVICE_NAMES[impl.array])})")
+    present = [d for d in devices if d in impl.devices()]
+    if not present:
+        return "; ".join(absent_device_reason(impl, d) for d in devices)
+    wanted = config.getoption("dtype")
+    if wanted and not any(_selected_dtypes(config, impl, d) for d in present):
+        return f"it declares none of --dtype {', '.join(wanted)} on {', '.join(present)}"
+    return "every item was deselected or skipped"
+
+
 def write_report(session, exitstatus) -> None:
     if is_xdist_worker(session.config):
+        from . import coverage
+
+        coverage.send(session.config)
         send_to_controller(session.config)
         return
     path = session.config.getoption("conformance_report", None)

@@ -28,13 +28,78 @@ class CaseRecord:
     message: str = ""
     shapes: dict[str, list[int]] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: non-finite figures (an infinite ratio, say) become null."""
+    def as_dict(self, repro: bool = True) -> dict[str, Any]:
+        """The record as written to the JSON report (docs/report.md, ``cases[]``), compacted.
+
+        Always: test, implementation, clause, case, dtype, device, status. A figure
+        (max_abs_error, allowed, ratio) only when it is a finite number, rounded to
+        FIGURE_DIGITS significant digits (a ratio never rounds across 1); op and
+        shapes (as one string, see ``shapes_text``) only for a record that did not
+        pass; message only when not empty. ``repro=False`` leaves the repro snippet
+        out of a failure's message (summary.build_report keeps it in the last
+        failing record of each test, clause, device and dtype).
+        """
+        data: dict[str, Any] = {"test": self.test, "implementation": self.implementation, "clause": self.clause,
+                                "case": self.case}
+        if self.status != "passed":
+            data["op"] = self.op
+        data.update(dtype=self.dtype, device=self.device, status=self.status)
+        for key in ("max_abs_error", "allowed", "ratio"):
+            value = getattr(self, key)
+            if value is not None and np.isfinite(value):
+                data[key] = _figure(float(value), ratio=key == "ratio")
+        message = self.message if repro else without_repro(self.message)
+        if message:
+            data["message"] = message
+        if self.status != "passed" and self.shapes:
+            data["shapes"] = shapes_text(self.shapes)
+        return data
+
+    def transport(self) -> dict[str, Any]:
+        """Every field as plain Python values, for an xdist worker to send the controller (``from_transport``)."""
         data = asdict(self)
         for key in ("max_abs_error", "allowed", "ratio"):
-            if data[key] is not None and not np.isfinite(data[key]):
-                data[key] = None
-        return data
+            data[key] = None if data[key] is None else float(data[key])
+        data["shapes"] = {name: [int(n) for n in shape] for name, shape in data["shapes"].items()}
+        return {key: value for key, value in data.items() if value is not None and value != "" and value != {}}
+
+    @classmethod
+    def from_transport(cls, data: dict[str, Any]) -> "CaseRecord":
+        return cls(**data)
+
+
+FIGURE_DIGITS = 6
+REPRO_HEADING = "repro (run from the repository root):"
+REPRO_LEFT_OUT = "repro: left out here; the last failing record of this test, clause, device and dtype has it"
+
+
+def _figure(value: float, ratio: bool = False) -> float:
+    """``value`` to FIGURE_DIGITS significant digits; a ratio keeps its side of 1 (the verdict's threshold)."""
+    short = float(f"{value:.{FIGURE_DIGITS}g}")
+    return value if ratio and (short > 1) != (value > 1) else short
+
+
+def without_repro(message: str) -> str:
+    """A failure message without its repro snippet (everything from the line REPRO_HEADING on)."""
+    lines = message.split("\n")
+    for index, line in enumerate(lines):
+        if line.strip() == REPRO_HEADING:
+            return "\n".join(lines[:index] + ["  " + REPRO_LEFT_OUT])
+    return message
+
+
+def shapes_text(shapes: dict[str, Any]) -> str:
+    """Input shapes as one string, e.g. ``q=1x2x5x8 k=1x1x7x8 mask=1x1x5x7`` (a 0-d input is ``name=()``)."""
+    return " ".join(f"{name}={'x'.join(str(int(n)) for n in shape) or '()'}" for name, shape in shapes.items())
+
+
+def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
+    """The inverse of ``shapes_text``."""
+    shapes = {}
+    for item in text.split():
+        name, _, dims = item.rpartition("=")
+        shapes[name] = () if dims == "()" else tuple(int(n) for n in dims.split("x"))
+    return shapes
 
 
 class ConformanceFailure(AssertionError):

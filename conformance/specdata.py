@@ -30,7 +30,10 @@ REQUIRED_INPUTS = {
 
 
 class SpecError(Exception):
-    """A defect in spec/ or fixtures/. The message names file, entry and field."""
+    """A defect in spec/ or fixtures/. The message names file, entry and field.
+
+    ``problems`` lists every defect found (one line each); ``SpecError.of`` joins several.
+    """
 
     def __init__(self, path: Path, entry: str | None, field_: str | None, problem: str):
         where = _relative(path)
@@ -38,7 +41,19 @@ class SpecError(Exception):
             where += f": entry {entry!r}"
         if field_:
             where += f": field {field_!r}"
-        super().__init__(f"{where}: {problem}")
+        self.problems = [f"{where}: {problem}"]
+        super().__init__(self.problems[0])
+
+    @classmethod
+    def of(cls, errors: list["SpecError"]) -> "SpecError":
+        """One error listing the problems of several (each on its own line, naming file, entry and field)."""
+        if len(errors) == 1:
+            return errors[0]
+        problems = [line for error in errors for line in error.problems]
+        joined = cls.__new__(cls)
+        joined.problems = problems
+        Exception.__init__(joined, f"{len(problems)} problems in spec/ or fixtures/:\n" + "\n".join(problems))
+        return joined
 
 
 def _relative(path: Path) -> str:
@@ -63,22 +78,43 @@ def read_yaml(path: Path) -> Any:
         raise SpecError(path, None, None, f"malformed YAML at {where}: {getattr(exc, 'problem', exc)}") from None
 
 
+@functools.lru_cache(maxsize=None)
+def _validator(schema_name: str):
+    return jsonschema.Draft202012Validator(read_yaml(SPEC_DIR / "schema" / schema_name))
+
+
 def _validate(document: Any, schema_name: str, path: Path, list_key: str) -> None:
-    schema = read_yaml(SPEC_DIR / "schema" / schema_name)
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
-    if not errors:
-        return
-    error = jsonschema.exceptions.best_match(errors)
-    location = list(error.absolute_path)
-    entry = None
-    if len(location) >= 2 and location[0] == list_key and isinstance(location[1], int):
-        items = document.get(list_key) or []
-        item = items[location[1]] if location[1] < len(items) else {}
-        entry = item.get("id", f"#{location[1]}") if isinstance(item, dict) else f"#{location[1]}"
-        location = location[2:]
-    field_ = ".".join(str(part) for part in location) or None
-    raise SpecError(path, entry, field_, error.message)
+    """Check ``document`` against the schema; every defect (the most relevant one per entry) in one SpecError."""
+    errors = _schema_errors(document, schema_name, path, list_key)
+    if errors:
+        raise SpecError.of([error for _, error in errors])
+
+
+def _schema_errors(document: Any, schema_name: str, path: Path, list_key: str) -> list[tuple[int | None, SpecError]]:
+    """Every schema defect of the document: (entry index or None, error), the most relevant one per entry."""
+    if document is None:
+        return [(None, SpecError(path, None, None, "file is empty"))]
+    errors = sorted(_validator(schema_name).iter_errors(document), key=lambda e: list(e.absolute_path))
+    groups: dict[int | None, list] = {}
+    for error in errors:
+        location = list(error.absolute_path)
+        index = location[1] if len(location) >= 2 and location[0] == list_key and isinstance(location[1], int) else None
+        groups.setdefault(index, []).append(error)
+    if None in groups:  # the document itself is malformed: its entries cannot be told apart
+        groups = {None: groups[None]}
+    found = []
+    for index, group in groups.items():
+        error = jsonschema.exceptions.best_match(group)
+        location = list(error.absolute_path)
+        entry = None
+        if index is not None:
+            items = document.get(list_key) or []
+            item = items[index] if index < len(items) else {}
+            entry = item.get("id", f"#{index}") if isinstance(item, dict) else f"#{index}"
+            location = location[2:]
+        field_ = ".".join(str(part) for part in location) or None
+        found.append((index, SpecError(path, entry, field_, error.message)))
+    return found
 
 
 # ------------------------------------------------------------------- clauses
@@ -149,8 +185,10 @@ def materialise(value: Any, path: Path, entry: str, field_: str) -> np.ndarray:
     return array.astype(np.float64)
 
 
-def _check_shapes(fx: Fixture) -> None:
-    """Contradictory shapes are a spec defect: find them with the oracle before any implementation runs."""
+def _check_shapes(fx: Fixture) -> np.ndarray:
+    """Contradictory shapes are a spec defect: find them with the oracle before any implementation runs.
+
+    Returns the oracle's result on the fixture's inputs."""
     from . import oracle
 
     def fail(field_: str, problem: str):
@@ -172,8 +210,12 @@ def _check_shapes(fx: Fixture) -> None:
                 np.broadcast_shapes(inputs["mask"].shape, target)
             except ValueError:
                 fail("inputs.mask", f"shape {inputs['mask'].shape} does not broadcast to {target}")
+    trace: dict[str, np.ndarray] = {}
     try:
-        reference = run_oracle(fx)
+        if fx.shapes and fx.op == "multi_head_attention":  # one oracle run gives the result and the trace
+            reference = oracle.multi_head_attention(**_call_arguments(fx), trace=trace)
+        else:
+            reference = run_oracle(fx)
     except Exception as exc:  # the oracle rejects what the shapes cannot mean
         fail("inputs", f"the oracle cannot run these inputs: {type(exc).__name__}: {exc}")
     if fx.expected is not None and fx.expected.shape != reference.shape:
@@ -181,15 +223,14 @@ def _check_shapes(fx: Fixture) -> None:
     if fx.expected_shape is not None and tuple(fx.expected_shape) != reference.shape:
         fail("expected_shape", f"{list(fx.expected_shape)} but the inputs give {list(reference.shape)}")
     if fx.shapes:
-        trace: dict[str, np.ndarray] = {}
         if fx.op != "multi_head_attention":
             fail("shapes", "intermediate shapes are traced for multi_head_attention only")
-        oracle.multi_head_attention(**_call_arguments(fx), trace=trace)
         for name, shape in fx.shapes.items():
             if name not in trace:
                 fail(f"shapes.{name}", "the pipeline has no such intermediate for these inputs")
             if tuple(shape) != trace[name].shape:
                 fail(f"shapes.{name}", f"{list(shape)} but the pipeline gives {list(trace[name].shape)}")
+    return reference
 
 
 def _call_arguments(fx: Fixture) -> dict[str, Any]:
@@ -213,62 +254,131 @@ def run_oracle(fx: Fixture, inputs: dict[str, Any] | None = None, policy: str = 
     return oracle.multi_head_attention(**args)
 
 
+def oracle_disagreement(fx: Fixture, got: np.ndarray | None = None) -> str | None:
+    """Why the oracle does not bear the fixture out (None: it does).
+
+    An example's printed ``expected`` values must be reproduced within the fixture's
+    tolerance; a counterexample's must not be; a fixture without printed values must
+    give finite results (or -inf scores). ``got``: the oracle's result, if computed.
+    """
+    got = run_oracle(fx) if got is None else got
+    if fx.expected is None:
+        if np.all(np.isfinite(got) | np.isneginf(got)):
+            return None
+        bad = ~(np.isfinite(got) | np.isneginf(got))
+        return f"the oracle gives {int(bad.sum())} non-finite value(s), first at index {_first(bad)}"
+    if fx.expected.shape != got.shape:
+        return f"shape {fx.expected.shape} but the inputs give {got.shape}"
+    same_special = (np.isnan(got) & np.isnan(fx.expected)) | (np.isinf(got) & (got == fx.expected))
+    with np.errstate(invalid="ignore"):
+        within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected))
+    if fx.kind == "example" and not within.all():
+        index = _first(~within)
+        return (f"the oracle does not reproduce the printed values: {int((~within).sum())} of {within.size} differ "
+                f"beyond atol {fx.atol:g} + rtol {fx.rtol:g}; first at index {index}: expected "
+                f"{fx.expected[index]:.9g}, oracle {got[index]:.9g}")
+    if fx.kind == "counterexample" and within.all():
+        return (f"the oracle reproduces this counterexample within atol {fx.atol:g} + rtol {fx.rtol:g}: "
+                "a counterexample must be values a correct implementation does not give")
+    return None
+
+
+def _first(where: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(where)[0])
+
+
 def load_fixture_file(path: Path, known_clauses: dict[str, Clause]) -> list[Fixture]:
+    """The fixtures of one file, each checked against the schema, its shapes and the oracle's values.
+
+    Every problem of the file is collected (the first of each entry: later checks of an
+    entry need the earlier ones) and raised as one SpecError.
+    """
     document = read_yaml(path)
-    _validate(document, "fixtures.schema.yaml", path, "fixtures")
+    schema_errors = _schema_errors(document, "fixtures.schema.yaml", path, "fixtures")
+    problems = [error for _, error in schema_errors]
+    if any(index is None for index, _ in schema_errors):
+        raise SpecError.of(problems)
+    broken_entries = {index for index, _ in schema_errors}
     found = []
-    for item in document["fixtures"]:
-        entry = item["id"]
-        for index, clause in enumerate(item["clauses"]):
-            if clause not in known_clauses:
-                raise SpecError(path, entry, f"clauses[{index}]", f"unknown clause {clause!r}")
-        missing = [n for n in REQUIRED_INPUTS[item["op"]] if n not in item["inputs"]]
-        if missing:
-            raise SpecError(path, entry, f"inputs.{missing[0]}", f"op {item['op']} needs inputs {missing}")
-        inputs: dict[str, Any] = {}
-        for name, value in item["inputs"].items():
-            if name == "params":
-                inputs[name] = {p: materialise(a, path, entry, f"inputs.params.{p}") for p, a in value.items()}
-            elif isinstance(value, (list, dict)):
-                inputs[name] = materialise(value, path, entry, f"inputs.{name}")
-            else:
-                inputs[name] = value
-        tolerance = item.get("tolerance", {})
-        fx = Fixture(
-            id=entry,
-            kind=item["kind"],
-            op=item["op"],
-            clauses=tuple(item["clauses"]),
-            source=item["source"],
-            document=document["document"],
-            path=path,
-            inputs=inputs,
-            expected=materialise(item["expected"], path, entry, "expected") if "expected" in item else None,
-            expected_shape=tuple(item["expected_shape"]) if "expected_shape" in item else None,
-            shapes={k: tuple(v) for k, v in item.get("shapes", {}).items()},
-            atol=float(tolerance.get("atol", 0.0)),
-            rtol=float(tolerance.get("rtol", 0.0)),
-            tolerance_reason=tolerance.get("reason", ""),
-            description=item.get("description", ""),
-        )
-        if fx.expected is not None and "atol" not in tolerance:
-            raise SpecError(path, entry, "tolerance", "a fixture with printed `expected` values needs a tolerance")
-        if fx.kind == "counterexample" and fx.expected is None:
-            raise SpecError(path, entry, "expected", "a counterexample needs the values it must not produce")
-        _check_shapes(fx)
-        found.append(fx)
+    for position, item in enumerate(document["fixtures"]):
+        if position in broken_entries:
+            continue
+        try:
+            found.append(_load_entry(path, document, item, known_clauses))
+        except SpecError as exc:
+            problems.append(exc)
+    if problems:
+        raise SpecError.of(problems)
     return found
+
+
+def _load_entry(path: Path, document: dict, item: dict, known_clauses: dict[str, Clause]) -> Fixture:
+    entry = item["id"]
+    unknown = [SpecError(path, entry, f"clauses[{index}]", f"unknown clause {clause!r}")
+               for index, clause in enumerate(item["clauses"]) if clause not in known_clauses]
+    if unknown:
+        raise SpecError.of(unknown)
+    missing = [n for n in REQUIRED_INPUTS[item["op"]] if n not in item["inputs"]]
+    if missing:
+        raise SpecError(path, entry, f"inputs.{missing[0]}", f"op {item['op']} needs inputs {missing}")
+    inputs: dict[str, Any] = {}
+    for name, value in item["inputs"].items():
+        if name == "params":
+            inputs[name] = {p: materialise(a, path, entry, f"inputs.params.{p}") for p, a in value.items()}
+        elif isinstance(value, (list, dict)):
+            inputs[name] = materialise(value, path, entry, f"inputs.{name}")
+        else:
+            inputs[name] = value
+    tolerance = item.get("tolerance", {})
+    fx = Fixture(
+        id=entry,
+        kind=item["kind"],
+        op=item["op"],
+        clauses=tuple(item["clauses"]),
+        source=item["source"],
+        document=document["document"],
+        path=path,
+        inputs=inputs,
+        expected=materialise(item["expected"], path, entry, "expected") if "expected" in item else None,
+        expected_shape=tuple(item["expected_shape"]) if "expected_shape" in item else None,
+        shapes={k: tuple(v) for k, v in item.get("shapes", {}).items()},
+        atol=float(tolerance.get("atol", 0.0)),
+        rtol=float(tolerance.get("rtol", 0.0)),
+        tolerance_reason=tolerance.get("reason", ""),
+        description=item.get("description", ""),
+    )
+    if fx.expected is not None and "atol" not in tolerance:
+        raise SpecError(path, entry, "tolerance", "a fixture with printed `expected` values needs a tolerance")
+    if fx.kind == "counterexample" and fx.expected is None:
+        raise SpecError(path, entry, "expected", "a counterexample needs the values it must not produce")
+    reference = _check_shapes(fx)
+    # The printed values against the oracle, when the fixtures load (every run, --impl included):
+    # a fixture the oracle does not bear out would fail a correct implementation.
+    problem = oracle_disagreement(fx, reference)
+    if problem:
+        raise SpecError(path, entry, "expected", problem)
+    return fx
 
 
 @functools.lru_cache(maxsize=None)
 def fixtures(fixtures_dir: Path = FIXTURES_DIR) -> tuple[Fixture, ...]:
+    """Every fixture of the directory, checked (schema, shapes, the oracle's values); all problems in one SpecError."""
     known = clauses()
     found: list[Fixture] = []
     seen: dict[str, Path] = {}
+    problems: list[SpecError] = []
     for path in sorted(Path(fixtures_dir).glob("*.yaml")):
-        for fx in load_fixture_file(path, known):
+        try:
+            loaded = load_fixture_file(path, known)
+        except SpecError as exc:
+            problems.append(exc)
+            continue
+        for fx in loaded:
             if fx.id in seen:
-                raise SpecError(path, fx.id, "id", f"duplicate fixture id (also in {_relative(seen[fx.id])})")
+                problems.append(SpecError(path, fx.id, "id", f"duplicate fixture id (also in {_relative(seen[fx.id])})"))
+                continue
             seen[fx.id] = path
             found.append(fx)
+    if problems:
+        raise SpecError.of(problems)
     return tuple(found)

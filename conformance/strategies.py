@@ -7,8 +7,12 @@ where attention bugs live, and a repro prints the values literally.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from hypothesis import strategies as st
+
+from implementations._region import EVERYTHING, Region
 
 from . import oracle
 from .cases import Case
@@ -22,7 +26,8 @@ MAX_DIM = 6
 # (default scale), so 32 gives scores around 1e3, where exp overflows unless the
 # implementation subtracts the row maximum.
 SCORE_SIGMAS = {"unit": 1.0, "moderate": 4.0, "large": 32.0}
-MASK_KINDS = ("none", "bool-full", "bool-2d", "key-padding", "per-head", "bool-query-keys", "float", "float-large")
+MASK_KINDS = ("none", "bool-full", "bool-2d", "key-padding", "per-head", "bool-query-keys", "bool-3d-per-head",
+              "bool-3d-shared", "float", "float-large", "float-3d")
 # Lengths and head widths one short of, at and one past the tile sizes blocked kernels use
 # (flash-attention's own tests sweep such pairs: seqlens (113, 203), (1023, 1024), widths 59, 111):
 # a partial last tile that is dropped, read twice or masked wrongly shows only here, since
@@ -30,6 +35,80 @@ MASK_KINDS = ("none", "bool-full", "bool-2d", "key-padding", "per-head", "bool-q
 TILE_SIZES = (8, 16, 32, 64, 128)
 TILE_EDGE_LENGTHS = st.sampled_from(sorted({t + d for t in TILE_SIZES for d in (-1, 0, 1)})) | st.integers(1, 130)
 TILE_EDGE_DIMS = st.sampled_from([7, 8, 9, 15, 16, 17, 31, 33]) | st.integers(1, MAX_DIM)
+# Kernel-shaped cases (the shapes flash, cuDNN, flex and Pallas kernels run): head dims 16..256,
+# the common ones first (Hypothesis shrinks towards the front of a sampled list); lengths one short
+# of, at and one past the 64/128-multiples kernels tile by, up to 2k keys for decode (Lq 1); GQA
+# groups up to 8. One case holds at most KERNEL_SCORE_BUDGET scores (B * Hq * Lq * Lk) so that the
+# float64 oracle stays in milliseconds; realistic sizes beyond it are --large-shapes.
+KERNEL_HEAD_DIMS = (64, 128, 80, 96, 256, 16, 32, 48, 112, 160, 192, 224, 40, 72, 24, 8)
+KERNEL_EDGE_LENGTHS = tuple(sorted({t + d for t in (64, 128, 192, 256, 512, 1024, 2048) for d in (-1, 0, 1)}))
+KERNEL_SMALL_LENGTHS = (1, 2, 3, 5, 8, 16, 17, 31, 32, 33)
+KERNEL_GROUPS = (1, 2, 4, 8, 3, 5, 6, 7)
+KERNEL_SCORE_BUDGET = 2**15
+# Implementations that take the small shapes draw a kernel-shaped case one time in KERNEL_SHARE.
+KERNEL_SHARE = 5
+# A query of 1 (decode), a few (speculative decode), or as many as the keys (prefill) or any (cross).
+KERNEL_QUERY_MODES = ("prefill", "decode", "cross")
+
+_ACTIVE_REGION: list[Region] = [EVERYTHING]
+
+
+@contextlib.contextmanager
+def drawing_inside(region: Region):
+    """Draw every case inside ``region`` (the judged implementation's SUPPORTS) while active."""
+    _ACTIVE_REGION.append(region)
+    try:
+        yield
+    finally:
+        _ACTIVE_REGION.pop()
+
+
+def active_region() -> Region:
+    return _ACTIVE_REGION[-1]
+
+
+def _outside_region(reason: str):
+    """The drawn property cannot produce a case inside the region: unsupported, never failed."""
+    from .checks import unsupported
+
+    unsupported(f"outside the declared region: {reason}")
+
+
+def _small_shapes_inside(region: Region) -> bool:
+    return all(region.head_dims.contains(d) for d in range(1, MAX_DIM + 1)) and all(
+        region.lengths.contains(n) for n in range(1, MAX_LEN + 1))
+
+
+def _mask_class(kind: str) -> str:
+    return "none" if kind == "none" else ("float" if kind.startswith("float") else "bool")
+
+
+def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bool, lengths) -> tuple[int, int]:
+    """(Lq, Lk) for a kernel-shaped case: decode, prefill or cross, crossing tile edges, within budget."""
+    candidates = region.lengths.members(KERNEL_SMALL_LENGTHS + KERNEL_EDGE_LENGTHS)
+    if not candidates:
+        top = region.lengths.max or 2048
+        candidates = [n for n in range(region.lengths.min, top + 1, region.lengths.multiple)][:64]
+    if lengths is not None:  # the property asks for lengths of its own (tile edges, say): honour those inside
+        lq = draw(lengths.filter(region.lengths.contains), label="Lq")
+        lk = lq if same_lengths else draw(lengths.filter(region.lengths.contains), label="Lk")
+        return lq, lk
+    mode = "prefill" if same_lengths else draw(st.sampled_from(KERNEL_QUERY_MODES), label="query mode")
+    fitting = [n for n in candidates if n * n <= budget_per_pair] or candidates[:1]
+    if mode == "prefill":
+        n = draw(st.sampled_from(fitting), label="Lq = Lk")
+        return n, n
+    if mode == "decode":
+        lq = draw(st.sampled_from(region.lengths.members((1, 2, 4)) or candidates[:1]), label="Lq (decode)")
+        keys = [n for n in candidates if lq * n <= budget_per_pair] or candidates[:1]
+        return lq, draw(st.sampled_from(keys), label="Lk")
+    # Cross: long query blocks (Lq past 128 and 256) against fewer keys, or the other way round.
+    queries = [n for n in candidates if n * candidates[0] <= budget_per_pair] or candidates[:1]
+    lq = draw(st.sampled_from(queries), label="Lq")
+    keys = [n for n in candidates if lq * n <= budget_per_pair] or candidates[:1]
+    return lq, draw(st.sampled_from(keys), label="Lk")
+
+
 SCALES = st.one_of(
     st.none(),
     st.sampled_from([0.0, 1.0, -1.0, 0.125, -0.35, 2.5]),
@@ -46,6 +125,10 @@ def mask_shape(kind: str, b: int, hq: int, lq: int, lk: int) -> tuple[int, ...]:
         "key-padding": (b, 1, 1, lk),
         "per-head": (1, hq, lq, lk),
         "bool-query-keys": (b, 1, lq, lk),
+        # Rank 3 aligns from the right (NumPy broadcasting): (Hq, Lq, Lk) is per head, not per batch.
+        "bool-3d-per-head": (hq, lq, lk),
+        "bool-3d-shared": (1, lq, lk),
+        "float-3d": (hq, lq, lk),
     }[kind]
 
 
@@ -81,26 +164,67 @@ def sdpa_cases(
     allow_empty_rows: bool = False,
     clauses=("sdpa.definition",),
     bottom_right_mask: bool = False,
-    lengths=st.integers(1, MAX_LEN),
-    dims=st.integers(1, MAX_DIM),
-    kv_heads=st.integers(1, MAX_KV_HEADS),
-    groups=st.integers(1, MAX_GROUP),
+    lengths=None,
+    dims=None,
+    kv_heads=None,
+    groups=None,
 ) -> Case:
+    """An sdpa case inside the active region (drawing_inside): small shapes, or kernel-shaped ones.
+
+    ``lengths``, ``dims``, ``kv_heads`` and ``groups`` override the shape draws of a
+    property (None: the mode's own); a kernel-shaped case keeps the property's lengths,
+    heads and groups where the region allows them and draws its head dims from the region.
+    """
+    region = active_region()
+    kinds = [k for k in mask_kinds if _mask_class(k) in region.masks]
+    if bottom_right_mask and "bool" not in region.masks:
+        kinds = []
+    if not kinds:
+        _outside_region(f"the property needs a {'/'.join(sorted({_mask_class(k) for k in mask_kinds}))} mask "
+                        f"(declared masks: {', '.join(region.masks)})")
+    kernel = not _small_shapes_inside(region) or draw(st.integers(0, KERNEL_SHARE - 1), label="kernel-shaped") == 0
     b = draw(st.integers(1, MAX_BATCH), label="B")
+    if kv_heads is None:
+        kv_heads = st.sampled_from((1, 2)) if kernel else st.integers(1, MAX_KV_HEADS)
     hkv = draw(kv_heads, label="Hkv")
-    hq = hkv * (draw(groups, label="Hq/Hkv") if gqa else 1)
-    lq = draw(lengths, label="Lq")
-    lk = lq if same_lengths else draw(lengths, label="Lk")
-    dk = draw(dims, label="Dk")
+    group = 1
+    if gqa:
+        default_groups = st.sampled_from(KERNEL_GROUPS) if kernel else st.integers(1, MAX_GROUP)
+        group = draw(default_groups if groups is None else groups, label="Hq/Hkv")
+    if group > 1 and (not region.gqa or (region.max_group is not None and group > region.max_group)):
+        if groups is not None:  # the property is about this group size
+            _outside_region(f"Hq/Hkv = {group} (declared gqa: {region.gqa}, max_group: {region.max_group})")
+        group = 1 if not region.gqa else min(group, region.max_group)
+    hq = hkv * group
+    if kernel:
+        lq, lk = _kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths)
+        head_dims = region.head_dims.members(KERNEL_HEAD_DIMS) or [region.head_dims.min]
+        dk = draw(st.sampled_from(head_dims), label="Dk")
+        dv_choices = head_dims
+    else:
+        lengths = st.integers(1, MAX_LEN) if lengths is None else lengths
+        lq = draw(lengths, label="Lq")
+        lk = lq if same_lengths else draw(lengths, label="Lk")
+        dims = st.integers(1, MAX_DIM) if dims is None else dims
+        dk = draw(dims.filter(region.head_dims.contains), label="Dk")
+        dv_choices = None
     # Half the cases keep Dv == Dk, which many kernels require.
-    dv = dk if same_dims or draw(st.booleans(), label="Dv == Dk") else draw(dims, label="Dv")
+    if same_dims or region.same_value_dim or draw(st.booleans(), label="Dv == Dk"):
+        dv = dk
+    else:
+        dv = draw(st.sampled_from(dv_choices) if dv_choices else dims.filter(region.head_dims.contains), label="Dv")
     is_causal = draw(causal, label="is_causal")
-    kind = draw(st.sampled_from(mask_kinds), label="mask")
+    if is_causal and not region.causal:
+        _outside_region("is_causal=True (declared causal: False)")
+    kind = draw(st.sampled_from(kinds), label="mask")
     sigma_name = draw(st.sampled_from(sigmas), label="score magnitude")
     chosen_scale = draw(scale, label="scale")
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
     rng = np.random.default_rng(seed)
-    sigma = SCORE_SIGMAS[sigma_name]
+    # Raw dot products grow like sqrt(Dk): past the small dims, q and k shrink by (MAX_DIM / Dk)^(1/4) so an explicit
+    # scale keeps scores in the magnitude class drawn (16-bit scores of a large class near 1e4, not past float16's
+    # 65504, which is a range limit of the dtype rather than of the attention).
+    sigma = SCORE_SIGMAS[sigma_name] * min(1.0, (MAX_DIM / dk) ** 0.25)
     inputs = {
         "q": rng.standard_normal((b, hq, lq, dk)) * sigma,
         "k": rng.standard_normal((b, hkv, lk, dk)) * sigma,
@@ -126,10 +250,16 @@ def sdpa_cases(
 def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_SIGMAS), neg_inf: bool = False,
                   axis=st.sampled_from([-1, -2, 0, 1])) -> Case:
     ndim = draw(st.integers(1, 3), label="ndim")
-    shape = tuple(draw(st.lists(st.integers(1, MAX_LEN), min_size=ndim, max_size=ndim), label="shape"))
+    shape = list(draw(st.lists(st.integers(1, MAX_LEN), min_size=ndim, max_size=ndim), label="shape"))
     chosen_axis = draw(axis, label="axis")
     if not -ndim <= chosen_axis < ndim:
         chosen_axis = -1
+    # One case in three softmaxes a long axis: vectorised kernels process 8, 16, 32 ... lanes at a time, and a
+    # wrong tail (the last partial vector) shows only past those widths.
+    if draw(st.integers(0, 2), label="long axis") == 0:
+        shape[chosen_axis] = draw(st.sampled_from(SOFTMAX_EDGE_LENGTHS) | st.integers(8, MAX_SOFTMAX_AXIS),
+                                  label="axis length")
+    shape = tuple(shape)
     sigma = SCORE_SIGMAS[draw(st.sampled_from(sigmas), label="magnitude")] ** 2
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
     rng = np.random.default_rng(seed)
@@ -147,6 +277,8 @@ def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_S
 
 
 BIAS_KINDS = ("none", "input", "output", "all")
+MAX_SOFTMAX_AXIS = 300
+SOFTMAX_EDGE_LENGTHS = tuple(sorted({w + d for w in (8, 16, 32, 64, 128, 256) for d in (-1, 0, 1)}))
 
 
 @st.composite
@@ -154,15 +286,27 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
               mask_kinds=("none", "bool-2d", "key-padding", "float"), causal=st.booleans(),
               min_heads: int = 1, min_len: int = 1, head_width_free: bool = False,
               allow_empty_rows: bool = False) -> Case:
+    region = active_region()
+    kinds = [k for k in mask_kinds if _mask_class(k) in region.masks]
+    if not kinds:
+        _outside_region(f"the property needs a mask (declared masks: {', '.join(region.masks)})")
+    # The per-head attention inside must lie in the region: kernel-shaped head widths where small ones are outside.
+    kernel = not _small_shapes_inside(region)
     b = draw(st.integers(1, MAX_BATCH), label="B")
     h = draw(st.integers(min_heads, 3), label="H")
-    lq = draw(st.integers(min_len, MAX_LEN), label="Lq")
+    length_choices = region.lengths.members(range(max(min_len, 1), MAX_LEN + 1)) or region.lengths.members(
+        KERNEL_SMALL_LENGTHS + KERNEL_EDGE_LENGTHS)[:1] or [region.lengths.min]
+    lq = draw(st.sampled_from(length_choices), label="Lq")
     is_cross = draw(cross, label="cross-attention")
-    lk = draw(st.integers(1, MAX_LEN), label="Lk") if is_cross else lq
+    lk = draw(st.sampled_from(length_choices), label="Lk") if is_cross else lq
+    if kernel:
+        dk = dv = draw(st.sampled_from(region.head_dims.members((16, 32, 64, 24, 48, 8, 128)) or [region.head_dims.min]),
+                       label="head D")
+        e = h * dk + (1 if head_width_free else 0)
+        e_kv = draw(st.sampled_from([e, e + 1]), label="E_kv") if is_cross else e
     # Half the cases use the common layout (head width E / H for q, k and v, as in
     # nn.MultiheadAttention), so an implementation limited to it is not starved of cases.
-    standard = not head_width_free and draw(st.booleans(), label="head width E / H")
-    if standard:
+    elif not head_width_free and draw(st.booleans(), label="head width E / H"):
         dk = dv = draw(st.integers(1, 3), label="head D")
         e = h * dk
         e_kv = draw(st.sampled_from([e, e + 1]), label="E_kv") if is_cross else e
@@ -170,17 +314,22 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
         e = draw(st.integers(1, 8), label="E")
         e_kv = draw(st.integers(1, 8), label="E_kv") if is_cross else e
         dk = draw(st.integers(1, 4), label="head Dk")
-        dv = draw(st.integers(1, 4), label="head Dv")
+        dv = dk if region.same_value_dim else draw(st.integers(1, 4), label="head Dv")
     if head_width_free and h * dk == e:
         e += 1  # keep the head width away from E / H
         e_kv = e_kv if is_cross else e
     with_bias = draw(bias, label="bias")  # which projections carry a bias
     is_causal = draw(causal, label="is_causal")
-    kind = draw(st.sampled_from(mask_kinds), label="mask")
+    if is_causal and not region.causal:
+        _outside_region("is_causal=True (declared causal: False)")
+    kind = draw(st.sampled_from(kinds), label="mask")
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((b, lq, e))
     kv = rng.standard_normal((b, lk, e_kv)) if is_cross else x
+    # value is its own tensor in every cross-attention case and in half the others, so projecting value from the
+    # key input fails; the other half keeps value = key = query for implementations that only do self-attention.
+    value = rng.standard_normal(kv.shape) if is_cross or draw(st.booleans(), label="value distinct") else kv
     params = {
         "w_q": rng.standard_normal((e, h * dk)) / np.sqrt(e),
         "w_k": rng.standard_normal((e_kv, h * dk)) / np.sqrt(e_kv),
@@ -189,7 +338,7 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     }
     biased = {"none": "", "input": "qkv", "output": "o", "all": "qkvo"}[with_bias]
     params.update({f"b_{n}": rng.standard_normal(params[f"w_{n}"].shape[1]) for n in biased})
-    inputs = {"query": x, "key": kv, "value": kv, "params": params, "num_heads": h}
+    inputs = {"query": x, "key": kv, "value": value, "params": params, "num_heads": h}
     if kind != "none":
         inputs["mask"] = _build_mask(rng, kind, mask_shape(kind, b, h, lq, lk), lq, lk, is_causal, allow_empty_rows)
     if is_causal:

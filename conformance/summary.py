@@ -1,8 +1,10 @@
 """End-of-run summary in the terminal and the JSON conformance report."""
 from __future__ import annotations
 
+import gzip
 import json
 import platform
+import re
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -12,7 +14,11 @@ from . import checks
 from .specdata import ROOT
 
 SUITE_VERSION = "0.1.0"
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
+JUDGED = ("passed", "failed", "deviation")  # statuses of a case the implementation ran and was judged on
+TOP_REASONS = 3  # unsupported reasons per implementation, in the terminal and in the report's summary
+REASON_WIDTH = 60  # characters of one unsupported reason in the terminal
+_NUMBER = re.compile(r"(?<![A-Za-z_])(\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
 
 
 def _counts():
@@ -22,20 +28,82 @@ def _counts():
     return per_impl
 
 
+def unsupported_reasons(records, limit: int = TOP_REASONS) -> list[tuple[str, int]]:
+    """The most frequent reasons among unsupported ``records``, as (reason, count), most frequent first.
+
+    A reason is the first line of the record's message. Reasons that differ only in
+    numbers count as one ("head dim Dk 12 ..." and "head dim Dk 20 ..."); a number
+    that varies among them is shown as <n>.
+    """
+    groups: dict[tuple, list] = {}
+    for rec in records:
+        lines = (rec.message or "").strip().splitlines()
+        parts = _NUMBER.split(" ".join(lines[0].split()) if lines else "(no reason given)")
+        entry = groups.setdefault(tuple(parts[0::2]), [0, [set() for _ in parts[1::2]]])
+        entry[0] += 1
+        for values, number in zip(entry[1], parts[1::2]):
+            values.add(number)
+    ranked = sorted(groups.items(), key=lambda item: (-item[1][0], item[0]))[:limit]
+    reasons = []
+    for texts, (count, numbers) in ranked:
+        shown = [next(iter(values)) if len(values) == 1 else "<n>" for values in numbers]
+        reasons.append(("".join(t + n for t, n in zip(texts, shown + [""])), count))
+    return reasons
+
+
+def implementation_summary() -> dict[str, dict]:
+    """Per implementation: cases, judged, a count per status, and the top unsupported reasons (report "summary")."""
+    records = defaultdict(list)
+    for rec in checks.RECORDS:
+        records[rec.implementation].append(rec)
+    out = {}
+    for name, recs in records.items():
+        counts = Counter(rec.status for rec in recs)
+        entry = {"cases": len(recs), "judged": sum(counts[s] for s in JUDGED)}
+        entry.update({s: counts[s] for s in (*JUDGED, "unsupported")})
+        if counts["skipped"]:
+            entry["skipped"] = counts["skipped"]
+        reasons = unsupported_reasons(r for r in recs if r.status == "unsupported")
+        if reasons:
+            entry["unsupported_reasons"] = [{"reason": reason, "count": n} for reason, n in reasons]
+        out[name] = entry
+    return dict(sorted(out.items()))
+
+
+def _shorten(text: str, width: int = REASON_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def implementation_lines(name: str, entry: dict) -> list[str]:
+    """One line of counts per implementation, and one of its top unsupported reasons if it has any."""
+    judged = ", ".join(f"{entry[s]} {s}" for s in JUDGED if entry.get(s))
+    line = f"{name:<18} {entry['judged']} cases judged" + (f" ({judged})" if judged else "")
+    if entry.get("unsupported"):
+        line += f", {entry['unsupported']} cases unsupported"
+    if entry.get("skipped"):
+        line += f", {entry['skipped']} cases skipped"
+    lines = [line]
+    reasons = entry.get("unsupported_reasons") or []
+    if reasons:
+        shown = "; ".join(f'{r["count"]} "{_shorten(r["reason"])}"' for r in reasons)
+        other = entry["unsupported"] - sum(r["count"] for r in reasons)
+        lines.append(f"{'':<18}   unsupported: {shown}" + (f"; {other} for other reasons" if other else ""))
+    return lines
+
+
 def terminal_summary(tr, config) -> None:
     per_impl = _counts()
     if not per_impl:
         return
     tr.section("attention conformance")
-    for name, counts in sorted(per_impl.items()):
-        parts = ", ".join(f"{counts[s]} {s}" for s in ("passed", "failed", "deviation", "unsupported") if counts[s])
-        tr.write_line(f"{name:<18} {parts}")
-    failed = defaultdict(set)
-    for rec in checks.RECORDS:
-        if rec.status == "failed":
-            failed[rec.implementation].add(rec.clause)
-    for name, clause_ids in sorted(failed.items()):
-        tr.write_line(f"{name} breaks: {', '.join(sorted(clause_ids))}")
+    tr.write_line("cases per implementation (a fixture case or a Hypothesis example each; not pytest tests):")
+    for name, entry in sorted(implementation_summary().items()):
+        for line in implementation_lines(name, entry):
+            tr.write_line(line)
+    # The clause that failed on the smallest case first (checks.breaks_order); each failure is
+    # filed under the clause at fault, not the one its case was drawn for.
+    for name, clause_ids in sorted(checks.breaks_order(checks.RECORDS).items()):
+        tr.write_line(f"{name} breaks: {', '.join(clause_ids)}")
     from . import agreement
 
     agreement.terminal_summary(tr)
@@ -45,16 +113,76 @@ def _framework_versions() -> dict[str, str | None]:
     versions = {"python": platform.python_version()}
     for name in ("numpy", "torch", "jax", "jaxlib", "ml_dtypes", "hypothesis", "pytest"):
         module = sys.modules.get(name)
-        versions[name] = getattr(module, "__version__", None) if module else None
+        version = getattr(module, "__version__", None) if module else None
+        versions[name] = None if version is None else str(version)  # torch's is a str subclass xdist cannot send
     return versions
 
 
 def _device_info() -> dict:
-    info = {"cpu": platform.processor() or platform.machine()}
+    """cpu: the processor; cuda: torch's GPUs, if torch is imported; jax: JAX's devices, if its backends are up.
+
+    Nothing is imported or started for this: a framework the process never loaded
+    (or JAX with no backend initialised) adds nothing.
+    """
+    info: dict = {"cpu": platform.processor() or platform.machine()}
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        info["cuda"] = torch.cuda.get_device_name(0)
-    return info
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                info["cuda"] = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+        except Exception:  # a GPU in a bad state (a device-side assert, say) must not cost the report
+            pass
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        try:
+            from jax._src import xla_bridge
+
+            if xla_bridge.backends_are_initialized():
+                info["jax"] = sorted({f"{d.platform}:{d.id} {d.device_kind}"
+                                      for platform_name in xla_bridge.backends() for d in jax.devices(platform_name)})
+        except Exception:
+            pass
+    return {key: value for key, value in info.items() if value}
+
+
+def local_environment() -> dict:
+    """This process's versions and devices: what an xdist worker sends the controller (plugin.send_to_controller).
+
+    Plain str, list and dict only (execnet refuses other types, and the whole workeroutput with them).
+    """
+    devices = {kind: str(v) if isinstance(v, str) else [str(x) for x in v] for kind, v in _device_info().items()}
+    return {"versions": _framework_versions(), "devices": devices}
+
+
+# What the xdist workers reported (plugin.receive_from_worker merges each into it); empty without xdist.
+WORKER_ENVIRONMENT: dict = {"versions": {}, "devices": {}}
+
+
+def _merge_environment(into: dict, env: dict) -> None:
+    """Merge ``env`` into ``into``: the first non-null version and device name win; device lists are united."""
+    for name, version in (env.get("versions") or {}).items():
+        if version and not into["versions"].get(name):
+            into["versions"][name] = version
+        into["versions"].setdefault(name, None)
+    for kind, names in (env.get("devices") or {}).items():
+        if isinstance(names, str):
+            into["devices"].setdefault(kind, names)
+        elif names:
+            known = into["devices"].setdefault(kind, [])
+            known[:] = sorted(set(known) | set(names))
+
+
+def merge_worker_environment(env: dict) -> None:
+    """The controller merges one worker's ``local_environment()`` into WORKER_ENVIRONMENT."""
+    _merge_environment(WORKER_ENVIRONMENT, env or {})
+
+
+def environment() -> dict:
+    """The report's environment: this process's versions and devices, completed and united with the workers'."""
+    merged: dict = {"versions": {}, "devices": {}}
+    _merge_environment(merged, local_environment())
+    _merge_environment(merged, WORKER_ENVIRONMENT)
+    return {**merged, "platform": platform.platform()}
 
 
 def _commit() -> str | None:
@@ -73,19 +201,58 @@ def build_report(config, exitstatus) -> dict:
         "schema_version": REPORT_SCHEMA_VERSION,
         "suite": {"name": "attention-conformance", "version": SUITE_VERSION, "commit": _commit()},
         "exit_status": int(exitstatus),
-        "environment": {"versions": _framework_versions(), "devices": _device_info(), "platform": platform.platform()},
+        "environment": environment(),
         "implementations": [impl.describe() for impl in plugin.implementations(config)],
-        "summary": {name: dict(c) for name, c in _counts().items()},
-        "cases": [rec.as_dict() for rec in checks.RECORDS],
+        "summary": implementation_summary(),
+        "cases": _case_dicts(checks.RECORDS),
         "agreement": agreement.matrix(),
     }
 
 
+def _case_dicts(records) -> list[dict]:
+    """Every record, compacted (CaseRecord.as_dict); a failure's repro is kept in the last record of its group.
+
+    Hypothesis records every failing example it tries while shrinking and replays
+    the smallest last, so of the failures of one implementation, test, clause, op,
+    device and dtype only the last carries the repro snippet (the one the terminal
+    showed); the others keep their verdict, problem and worst element.
+    """
+    last = {}
+    for index, rec in enumerate(records):
+        if rec.status == "failed":
+            last[(rec.implementation, rec.test, rec.clause, rec.op, rec.device, rec.dtype)] = index
+    keep = set(last.values())
+    return [rec.as_dict(repro=rec.status != "failed" or index in keep) for index, rec in enumerate(records)]
+
+
+def dumps(report: dict) -> str:
+    """Compact JSON: no indentation, one line per top-level field and per case record (easy to grep and diff)."""
+    def one(value) -> str:
+        return json.dumps(value, separators=(",", ":"), default=float)
+
+    fields = []
+    for key, value in report.items():
+        if key == "cases" and value:
+            text = "[\n" + ",\n".join(one(case) for case in value) + "\n]"
+        else:
+            text = one(value)
+        fields.append(f"{one(key)}:{text}")
+    return "{\n" + ",\n".join(fields) + "\n}\n"
+
+
+def html_path(path: Path) -> Path:
+    """The HTML page beside the report: reports/c.json and reports/c.json.gz both give reports/c.html."""
+    path = Path(path)
+    return (path.with_suffix("") if path.suffix == ".gz" else path).with_suffix(".html")
+
+
 def write_report(config, path: str, exitstatus) -> None:
+    """Write the JSON report to ``path`` (gzip-compressed when it ends in .gz) and the HTML page beside it."""
     report = build_report(config, exitstatus)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(report, indent=1, default=float))
+    data = dumps(report).encode("utf-8")
+    target.write_bytes(gzip.compress(data, mtime=0) if target.suffix == ".gz" else data)
     from . import html_report
 
-    html_report.write(report, target.with_suffix(".html"))
+    html_report.write(report, html_path(target))

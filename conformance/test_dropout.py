@@ -29,7 +29,7 @@ from implementations._arrays import ARRAY_KINDS
 
 from . import tolerances
 from .cases import Case
-from .checks import Judge
+from .checks import ImplementationHung, Judge
 from .plugin import require_device
 from .strategies import sdpa_cases
 from .test_properties import property_test
@@ -154,7 +154,9 @@ def _run(judge: DropoutJudge, case: Case, inputs: dict, dropout_p: float, seed: 
     judge.require_support(case, inputs, "sdpa")
     raised = None
     try:
-        got = call_with_dropout(impl, inputs, judge.device, dropout_p, seed)
+        got = judge.limited(case, call_with_dropout, impl, inputs, judge.device, dropout_p, seed)
+    except ImplementationHung as exc:  # past the call time limit (conformance/checks.py)
+        judge.hung(case, inputs, exc)
     except NotImplementedError as exc:
         judge.not_implemented(case, exc)
     except Exception as exc:  # contained: this case fails, the session goes on

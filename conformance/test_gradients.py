@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from . import checks, oracle, oracle_backward
 from .cases import Case, widen
-from .checks import Judge
+from .checks import ImplementationHung, Judge
 from .gradients import GRADIENT_ARRAYS, NotDifferentiable, backward_allowed, gradients
 from .plugin import require_device
 from .report import _array_literal
@@ -110,7 +110,9 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
     judge.require_support(case, inputs, "sdpa")
     raised = None
     try:
-        return gradients(impl, inputs, inputs["d_out"], judge.device)
+        return judge.limited(case, gradients, impl, inputs, inputs["d_out"], judge.device)
+    except ImplementationHung as exc:  # past the call time limit (conformance/checks.py)
+        judge.hung(case, inputs, exc)
     except NotImplementedError as exc:
         judge.not_implemented(case, exc)
     except NotDifferentiable as exc:
@@ -120,10 +122,10 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
     judge.fail(case.clauses[0], case, inputs, raised)
 
 
-def _expected(inputs: dict, dtype: str):
+def _expected(inputs: dict, judge: Judge):
     a = widen(inputs)
     args = (a["q"], a["k"], a["v"], a["d_out"], a.get("mask"), a.get("is_causal", False), a.get("scale"))
-    return oracle_backward.sdpa_backward(*args), backward_allowed(*args, dtype)
+    return oracle_backward.sdpa_backward(*args), backward_allowed(*args, judge.dtype, tf32=judge.tf32)
 
 
 def _worst(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
@@ -140,10 +142,10 @@ def _per_head_gradients_agree(judge: Judge, case: Case, inputs: dict, name: str)
     expanded = dict(inputs, k=oracle.repeat_kv_heads(inputs["k"], hq).astype(inputs["k"].dtype),
                     v=oracle.repeat_kv_heads(inputs["v"], hq).astype(inputs["v"].dtype))
     try:
-        got = gradients(judge.impl, expanded, expanded["d_out"], judge.device)
+        got = judge.limited(case, gradients, judge.impl, expanded, expanded["d_out"], judge.device)
     except Exception:
         return False
-    want, allowed = _expected(expanded, judge.dtype)
+    want, allowed = _expected(expanded, judge)
     if got.get(name) is None or got[name].shape != want[name].shape:
         return False
     _, ratio, worst = _worst(got[name], want[name], allowed[name])
@@ -159,7 +161,7 @@ def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "
     __tracebackhide__ = True
     got = _gradients_or_verdict(judge, case, inputs)
     judge.judge(case, got["out"], inputs, "sdpa.definition")
-    want, allowed = _expected(inputs, judge.dtype)
+    want, allowed = _expected(inputs, judge)
     grouped = inputs["q"].shape[1] > inputs["k"].shape[1]
     for name in [n for n in order if n in want]:
         clause = GRAD_CLAUSE[name]

@@ -142,6 +142,8 @@ class LargeShapeJudge(Judge):
     oracle, which builds (Lq, Lk) arrays (2 GiB each at 16k x 16k); these do not.
     """
 
+    call_timeout = CASE_TIMEOUT_S  # a correct call at Lk 16k takes seconds on a CPU, not the default 30 s limit
+
     def _expected_shape(self, case: Case, inputs: dict) -> tuple[int, ...]:
         return inputs["q"].shape[:-1] + inputs["v"].shape[-1:]
 
@@ -154,7 +156,7 @@ class LargeShapeJudge(Judge):
         a = widen(inputs)
         want, allowed = oracle_blocked.sdpa_with_allowed(
             a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"),
-            dtype=self.dtype, policy=policy, block=oracle_block(case),
+            dtype=self.dtype, policy=policy, block=oracle_block(case), tf32=self.tf32,
         )
         return want, np.broadcast_to(allowed, want.shape)
 

@@ -79,7 +79,7 @@ def test_mha_cross_attention(impl, device, dtype, case):
 
 
 @property_test
-@given(case=mha_cases(mask_kinds=("bool-2d", "key-padding", "float"), clauses=("mask.broadcast",
+@given(case=mha_cases(mask_kinds=("bool-2d", "key-padding", "bool-3d-per-head", "float"), clauses=("mask.broadcast",
                                                                                "mask.bool-true-attends")))
 def test_mha_masks(impl, device, dtype, case):
     check(impl, device, dtype, case)

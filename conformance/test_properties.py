@@ -16,9 +16,12 @@ from hypothesis.errors import Unsatisfiable
 from . import oracle
 from .cases import Case, widen
 from . import checks
-from .checks import Judge, allowed_error
+from .checks import Judge
 from .plugin import require_device
-from .strategies import MAX_GROUP, MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, sdpa_cases, softmax_cases
+from implementations._region import EVERYTHING
+
+from .strategies import (MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, drawing_inside, sdpa_cases,
+                         softmax_cases)
 
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
@@ -33,10 +36,12 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     """Outermost decorator of every property.
 
     A property whose every generated case was unsupported is skipped, not failed.
-    For ARRAY="jax" implementations each new shape costs an XLA compile (80-160 ms
-    on the CI machine, against under 1 ms per call), so they run a tenth of the
-    profile's examples (at least ``min_jit_examples``): 1 in dev, 2 in ci, 10 in
-    thorough. Their fixtures run in full. ``requires(impl)`` may return a reason
+    Cases are drawn inside the implementation's declared region (SUPPORTS).
+    For compiling implementations (ARRAY="jax", or COMPILED=True such as a
+    torch.compile'd kernel) each new shape costs a compile (80-160 ms for XLA on the
+    CI machine, seconds for inductor, against under 1 ms per call), so they run a
+    tenth of the profile's examples (at least ``min_jit_examples``): 1 in dev, 2 in
+    ci, 10 in thorough. Their fixtures run in full. ``requires(impl)`` may return a reason
     to skip the implementation outright.
     """
     if test is None:
@@ -51,13 +56,14 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
         # Hypothesis keeps the profile chosen at decoration on the test; swap in a
         # smaller budget for this call only.
         base = test._hypothesis_internal_use_settings
-        if impl is not None and impl.array == "jax":
+        if impl is not None and impl.compiled:
             test._hypothesis_internal_use_settings = settings(
                 base, max_examples=max(min_jit_examples, base.max_examples // JIT_EXAMPLE_DIVISOR)
             )
         checks.reset_support_counts()
         try:
-            return test(*args, **kwargs)
+            with drawing_inside(impl.region if impl is not None else EVERYTHING):
+                return test(*args, **kwargs)
         except Unsatisfiable:
             pytest.skip(f"unsupported: every generated case was unsupported ({checks.LAST_UNSUPPORTED[0]})")
         finally:
@@ -127,7 +133,8 @@ def test_float_mask(impl, device, dtype, case):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("bool-2d", "key-padding", "per-head", "bool-query-keys"), causal=st.just(False),
+@given(case=sdpa_cases(mask_kinds=("bool-2d", "key-padding", "per-head", "bool-query-keys", "bool-3d-per-head",
+                                   "bool-3d-shared", "float-3d"), causal=st.just(False),
                        scale=st.none(), gqa=False, clauses=("mask.broadcast",)))
 def test_mask_broadcast(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -157,11 +164,15 @@ def test_bottom_right_causal_as_mask(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
+# Group sizes kernels specialise for (2, 4, 8) and an odd one (3).
+GQA_GROUPS = (2, 3, 4, 8)
+
+
 # Hkv = 2: with one kv head every mapping is right. Each group size is its own test item, so that a
 # mapping wrong for one of them is met even at one example per property (JAX in the dev profile).
 @property_test
 @sdpa_op
-@pytest.mark.parametrize("group", [2, MAX_GROUP], ids=lambda group: f"group{group}")  # -k friendly: Hq/Hkv
+@pytest.mark.parametrize("group", GQA_GROUPS, ids=lambda group: f"group{group}")  # -k friendly: Hq/Hkv
 @given(data=st.data())
 def test_gqa_mapping(impl, device, dtype, group, data):
     case = data.draw(sdpa_cases(mask_kinds=("none", "per-head"), causal=st.just(False), scale=st.none(),
@@ -199,7 +210,7 @@ def _same(judge: Judge, case: Case, first, second, inputs, clause: str, what: st
     """Two outputs that must agree to within twice the allowed error of the case (each may err by it)."""
     __tracebackhide__ = True
     if allowed is None:
-        allowed = allowed_error(case, inputs, judge.dtype)
+        allowed = judge.allowed(case, inputs)
     allowed = 2 * np.broadcast_to(allowed, first.shape)
     both_nan = np.isnan(first) & np.isnan(second)
     error = np.where(both_nan, 0.0, np.abs(first - second))
@@ -288,7 +299,7 @@ def test_key_permutation(impl, device, dtype, case, perm_seed):
 def test_batch_and_heads_independent(impl, device, dtype, case):
     judge = _judge(impl, device, dtype)
     whole, inputs = judge.run(case)
-    allowed = np.broadcast_to(allowed_error(case, inputs, dtype), whole.shape)
+    allowed = np.broadcast_to(judge.allowed(case, inputs), whole.shape)
     q, k, v = (case.inputs[n] for n in "qkv")
     group = q.shape[1] // k.shape[1]
     mask = case.inputs.get("mask")
@@ -316,7 +327,7 @@ def test_output_within_attended_values(impl, device, dtype, case):
     attended = (weights > 0)[..., None]
     low = np.min(np.where(attended, v[..., None, :, :], np.inf), axis=-2)
     high = np.max(np.where(attended, v[..., None, :, :], -np.inf), axis=-2)
-    slack = np.broadcast_to(allowed_error(case, inputs, dtype), got.shape)
+    slack = np.broadcast_to(judge.allowed(case, inputs), got.shape)
     outside = (got < low - slack) | (got > high + slack)
     if outside.any():
         i = tuple(int(x) for x in np.argwhere(outside)[0])
@@ -332,7 +343,7 @@ def test_causal_first_row_is_v0(impl, device, dtype, case):
     judge = _judge(impl, device, dtype)
     got, inputs = judge.run(case)
     v0 = oracle.repeat_kv_heads(widen(inputs)["v"], got.shape[1])[..., 0, :]
-    slack = np.broadcast_to(allowed_error(case, inputs, dtype), got.shape)[..., 0, :]
+    slack = np.broadcast_to(judge.allowed(case, inputs), got.shape)[..., 0, :]
     error = np.abs(got[..., 0, :] - v0)
     if (error > slack).any():
         i = tuple(int(x) for x in np.argwhere(error > slack)[0])
@@ -366,7 +377,7 @@ def test_softmax_rows_sum_to_one(impl, device, dtype, case):
     axis = case.inputs.get("axis", -1)
     total = got.sum(axis=axis)
     n = got.shape[axis]
-    slack = n * np.max(allowed_error(case, inputs, dtype))
+    slack = n * np.max(judge.allowed(case, inputs))
     if np.any(np.abs(total - 1) > slack):
         worst = np.unravel_index(int(np.argmax(np.abs(total - 1))), total.shape)
         judge.fail("softmax.rows-sum-to-one", case, inputs, f"a slice along axis {axis} sums to {total[worst]:.9g}",

@@ -24,6 +24,21 @@ def unit_roundoff(dtype: str) -> float:
     return float(model()["unit_roundoff"][dtype])
 
 
+def tf32_unit_roundoff() -> float:
+    """Unit roundoff of a TF32 matmul input (10 explicit mantissa bits): 2^-11."""
+    return float(model()["tf32"]["unit_roundoff"])
+
+
+def tf32_input_constant() -> float:
+    """c_in of spec/tolerances.yaml 'tf32', times the safety factor."""
+    return _constants("tf32")["c_in"]
+
+
+def _tf32_input_rounding(tf32: bool) -> float:
+    """u_in of spec/tolerances.yaml 'tf32': the relative rounding of each matmul input, 0 unless declared."""
+    return tf32_unit_roundoff() if tf32 else 0.0
+
+
 def _constants(section: str) -> dict:
     m = model()
     return {k: float(v) * m["safety_factor"] for k, v in m[section].items() if k.startswith("c_")}
@@ -56,8 +71,12 @@ def uniform_row_bound(u: float, v_abs_max, lk: int):
     return u * v_abs_max * _output_growth(lk)
 
 
-def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
-    """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv."""
+def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_in: float = 0.0):
+    """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv.
+
+    ``u_in`` is the relative rounding of each matmul input (TF32: 2^-11, else 0); it adds
+    2 u_in |scale| |q_i|.|k_j| to each score error and 2 u_in V_i to each output row
+    (P and v rounded before P @ V), times c_in (spec/tolerances.yaml, tf32)."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     hq = q.shape[1]
     k, v = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
@@ -69,7 +88,8 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
     abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(scale_value)
     bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk)
     finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
-    score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias)
+    c_in = tf32_input_constant()
+    score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias) + c_in * 2 * u_in * abs_scores
     if dq is not None:
         score_error = score_error + abs(scale_value) * (
             dq @ np.swapaxes(np.abs(k), -1, -2) + np.abs(q) @ np.swapaxes(dk, -1, -2)
@@ -81,14 +101,15 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
     empty = ~attended.any(axis=-1, keepdims=True)
     v_max = np.where(empty, np.max(v_row_max, axis=-1, keepdims=True), v_max)
     allowed = sdpa_row_bound(u, v_max, np.sum(weights * score_error, axis=-1, keepdims=True), lk)
+    allowed = allowed + c_in * 2 * u_in * v_max
     if dv is not None:
         allowed = allowed + weights @ dv
     return allowed
 
 
-def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros") -> np.ndarray:
+def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False) -> np.ndarray:
     u = unit_roundoff(dtype)
-    allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u)
+    allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32))
     empty = oracle.fully_masked_rows(q, k, mask, is_causal)[..., None]
     if policy == "uniform":
         v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
@@ -97,9 +118,11 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
     return np.where(empty, 0.0, allowed)
 
 
-def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str) -> np.ndarray:
+def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str, tf32: bool = False) -> np.ndarray:
     u = unit_roundoff(dtype)
+    u_in = _tf32_input_rounding(tf32)
     c_proj = _constants("multi_head_attention")["c_proj"]
+    c_in = tf32_input_constant()
     p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
     trace: dict = {}
     oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace)
@@ -108,7 +131,7 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
         x = np.abs(np.asarray(x, dtype=np.float64))
         w = np.abs(p["w_" + name])
         b = np.abs(p.get("b_" + name, 0.0))
-        return c_proj * u * (math.sqrt(x.shape[-1]) * (x @ w) + b)
+        return c_proj * u * (math.sqrt(x.shape[-1]) * (x @ w) + b) + c_in * 2 * u_in * (x @ w)
 
     def split(x):
         b, length, width = x.shape
@@ -116,7 +139,7 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
 
     dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
     context_error = _sdpa_terms(
-        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv
+        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv, u_in=u_in
     )
     context_error = np.broadcast_to(context_error, trace["context"].shape)
     merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)

@@ -1,4 +1,5 @@
-"""An sdpa that never returns: the suite must cut it with the per-test timeout and go on."""
+"""An sdpa that never returns: each call past the call time limit (--call-timeout, default 30 s)
+fails its case as a hang, and the implementation's later calls fail at once ("hung earlier")."""
 import time
 
 

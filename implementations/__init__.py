@@ -18,12 +18,21 @@ and optionally the attributes
                        or a dict {"bool": ..., "float": ...} when it depends on the mask kind
                        ("bool" also covers rows emptied by is_causal)
     NAME               the id shown in test ids and reports (default: the --impl spec)
+    SUPPORTS           the region it can run: {"head_dims", "value_head_dim", "lengths", "masks",
+                       "causal", "gqa", "max_group"} (implementations/_region.py); generated cases
+                       are drawn inside it, a case outside it is unsupported, never failed
+    supports(facts)    optional method: why a case is outside the region (str), or None
+    FLOAT32_MATMUL     "ieee" (default) or "tf32", or {device: mode}: float32 matmuls round their
+                       inputs to TF32; the float32 tolerance then allows that rounding and no more
+    COMPILED           True when each new input signature compiles (torch.compile, a JIT): the
+                       suite runs fewer examples per property and allows a longer first call
     KNOWN_DEVIATIONS   documented departures from a clause, each a dict
-                       {"clause": id, "when": callable(facts) -> bool, "reason": text};
+                       {"clause": id (or a tuple of ids: one defect seen through several
+                       clauses), "when": callable(facts) -> bool, "reason": text};
                        a failure of that clause on a case whose facts match is reported
                        as a deviation (xfail), never hidden. facts: op, dtype, device,
-                       scale, is_causal, mask_kind ("none", "bool", "float"), Lq, Lk,
-                       fully_masked (the case has a row with no attendable key)
+                       scale, is_causal, mask_kind ("none", "bool", "float"), B, Hq, Hkv,
+                       Lq, Lk, Dk, Dv, fully_masked (the case has a row with no attendable key)
 
 An operation that is not exposed is reported as not implemented, never as a
 failure. A keyword the signature does not accept (no ``scale`` parameter, say)

@@ -10,6 +10,7 @@ import functools
 import numpy as np
 
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
+DEVICE_NAMES = ("cpu", "cuda")  # what DEVICES, DTYPES-by-device and --device may name
 
 
 def numpy_dtype(name: str) -> np.dtype:

@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import ARRAY_KINDS, DTYPE_NAMES, dtype_name, numpy_dtype
+from ._arrays import ARRAY_KINDS, DEVICE_NAMES, DTYPE_NAMES, dtype_name, numpy_dtype
+from ._region import EVERYTHING, Region, RegionError, parse_region, shape_facts
 
 OPERATIONS = ("softmax", "sdpa", "multi_head_attention")
 FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
+FLOAT32_MATMUL_MODES = ("ieee", "tf32")
 # Keywords whose default (the value in this dict) is never passed, so that an
 # implementation without the parameter still runs every case that does not need it.
 OPTIONAL_KEYWORDS = {
@@ -38,6 +40,9 @@ class Implementation:
     fully_masked_rows: str | dict = "zeros"  # or {"bool": policy, "float": policy}
     known_deviations: tuple = ()  # ({"clause", "when", "reason"}, ...) declared by the implementation
     spec: str = ""  # how to load it again (module[:attr] or builtin:name), used in repros
+    region: Region = EVERYTHING  # SUPPORTS / supports(): what it can run (implementations/_region.py)
+    float32_matmul: dict = field(default_factory=dict)  # {device: "tf32"} where float32 matmuls run in TF32
+    compiled: bool = False  # compiles per input signature (ARRAY="jax", COMPILED=True): fewer examples
     _signatures: dict = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -94,12 +99,20 @@ class Implementation:
             for key, default in OPTIONAL_KEYWORDS[op].items():
                 if key not in accepted and _differs(kwargs.get(key, default), default):
                     return f"{self.name}.{op} has no '{key}' parameter"
+        outside = self.region.why_outside({**shape_facts(op, kwargs), "dtype": dtype, "device": device})
+        if outside:
+            return f"outside {self.name}'s declared region: {outside}"
         return None
+
+    def tf32_on(self, device: str) -> bool:
+        """Whether float32 matmuls are declared to run in TF32 on ``device`` (FLOAT32_MATMUL)."""
+        return self.float32_matmul.get(device) == "tf32"
 
     def declared_deviation(self, clause: str, facts: dict) -> str | None:
         """The reason of a declared deviation covering a failure of ``clause`` on a case with these facts."""
         for deviation in self.known_deviations:
-            if deviation["clause"] == clause and deviation["when"](facts):
+            named = deviation["clause"]
+            if (clause == named or (not isinstance(named, str) and clause in named)) and deviation["when"](facts):
                 return deviation["reason"]
         return None
 
@@ -130,8 +143,19 @@ class Implementation:
 
         ``arrays`` holds q/k/v/mask, x or query/key/value/params; ``options`` the
         scalar arguments. Defaults are left out so optional parameters stay optional.
+        The suite's judge calls ``call_raw`` instead, to check the result's type first.
+        """
+        return ARRAY_KINDS[self.array].to_numpy(self.call_raw(op, arrays, options, device))
+
+    def call_raw(self, op: str, arrays: dict[str, Any], options: dict, device: str, passed: dict | None = None):
+        """As ``call``, but return the result exactly as the implementation returned it (no conversion).
+
+        ``passed``, if given, receives the framework arrays handed to the implementation,
+        by input name (``params`` a dict of them), so that a caller can see whether the
+        call changed them.
         """
         kind = ARRAY_KINDS[self.array]
+        passed = {} if passed is None else passed
 
         def native(value):
             if isinstance(value, dict):
@@ -145,13 +169,15 @@ class Implementation:
         }[op]
         merged = {**arrays, **options}
         args = [native(merged[name]) if name != "num_heads" else merged[name] for name in positional]
+        passed.update({name: arg for name, arg in zip(positional, args) if name != "num_heads"})
         kwargs = {}
         for key, default in OPTIONAL_KEYWORDS[op].items():
             value = merged.get(key, default)
             if _differs(value, default):
                 kwargs[key] = native(value) if key == "mask" else value
-        result = self.operation(op)(*args, **kwargs)
-        return kind.to_numpy(result)
+        if kwargs.get("mask") is not None:
+            passed["mask"] = kwargs["mask"]
+        return self.operation(op)(*args, **kwargs)
 
     def describe(self) -> dict:
         return {
@@ -162,7 +188,10 @@ class Implementation:
             "devices": self.devices(),
             "operations": {op: self.implements(op) for op in OPERATIONS},
             "fully_masked_rows": self.fully_masked_rows,
-            "known_deviations": [{"clause": d["clause"], "reason": d["reason"]} for d in self.known_deviations],
+            "known_deviations": [{"clause": d["clause"] if isinstance(d["clause"], str) else ", ".join(d["clause"]),
+                                  "reason": d["reason"]} for d in self.known_deviations],
+            "supports": self.region.describe() if self.region.declared else "everything",
+            "float32_matmul": {d: self.float32_matmul.get(d, "ieee") for d in DEVICE_NAMES},
             "skip_reason": self.skip_reason,
         }
 
@@ -177,10 +206,18 @@ def _differs(value, default) -> bool:
 def from_object(obj, name: str, spec: str) -> Implementation:
     """Wrap a contract object, validating its declared attributes (one-line errors)."""
     if inspect.isclass(obj):
+        # A class is instantiated with no arguments (one with static/class methods constructs
+        # fine and works as it is); one whose constructor needs arguments is a load error.
         try:
             obj = obj()
-        except TypeError:
-            pass  # a class with static/class methods works as it is
+        except Exception as exc:
+            cls_name = getattr(obj, "__name__", "the class")
+            module_name = spec.partition(":")[0] or "module"
+            raise ImplementationLoadError(
+                f"{spec}: cannot instantiate class {cls_name} without arguments ({type(exc).__name__}: {exc}); "
+                f"pass an instance instead (e.g. --impl {module_name}:instance, with instance = {cls_name}(...) "
+                "in the module) or give the constructor's parameters defaults"
+            ) from None
     array = getattr(obj, "ARRAY", "numpy")
     if array not in ARRAY_KINDS:
         raise ImplementationLoadError(f"{spec}: ARRAY={array!r} is not one of {sorted(ARRAY_KINDS)}")
@@ -204,6 +241,28 @@ def from_object(obj, name: str, spec: str) -> Implementation:
             "or a dict mapping 'bool' and/or 'float' (the mask kind) to one of them"
         )
     devices = getattr(obj, "DEVICES", None)
+    if devices is not None:
+        if isinstance(devices, str) or not all(isinstance(d, str) for d in devices):
+            raise ImplementationLoadError(f"{spec}: DEVICES must be a tuple of device names, got {devices!r}")
+        unknown_devices = [d for d in devices if d not in DEVICE_NAMES]
+        if unknown_devices:
+            raise ImplementationLoadError(
+                f"{spec}: DEVICES names unknown devices {unknown_devices}; allowed: {list(DEVICE_NAMES)}")
+    if by_device is not None:
+        unknown_devices = [d for d in by_device if d not in DEVICE_NAMES]
+        if unknown_devices:
+            raise ImplementationLoadError(
+                f"{spec}: DTYPES names unknown devices {unknown_devices}; allowed: {list(DEVICE_NAMES)}")
+    try:
+        region = parse_region(getattr(obj, "SUPPORTS", None), getattr(obj, "supports", None))
+    except RegionError as exc:
+        raise ImplementationLoadError(f"{spec}: {exc}") from None
+    matmul = getattr(obj, "FLOAT32_MATMUL", "ieee")
+    matmul = {d: matmul for d in DEVICE_NAMES} if isinstance(matmul, str) else dict(matmul)
+    if not set(matmul) <= set(DEVICE_NAMES) or any(m not in FLOAT32_MATMUL_MODES for m in matmul.values()):
+        raise ImplementationLoadError(
+            f"{spec}: FLOAT32_MATMUL={getattr(obj, 'FLOAT32_MATMUL')!r} must be one of {list(FLOAT32_MATMUL_MODES)} "
+            f"or a dict mapping devices ({', '.join(DEVICE_NAMES)}) to one of them")
     deviations = tuple(getattr(obj, "KNOWN_DEVIATIONS", ()))
     for index, deviation in enumerate(deviations):
         if not (isinstance(deviation, dict) and {"clause", "when", "reason"} <= set(deviation) and callable(deviation["when"])):
@@ -220,6 +279,9 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         fully_masked_rows=policy,
         known_deviations=deviations,
         spec=spec,
+        region=region,
+        float32_matmul={d: m for d, m in matmul.items() if m != "ieee"},
+        compiled=array == "jax" or bool(getattr(obj, "COMPILED", False)),
     )
     if not any(impl.implements(op) for op in OPERATIONS):
         raise ImplementationLoadError(f"{spec}: exposes none of {', '.join(OPERATIONS)}")

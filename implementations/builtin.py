@@ -12,12 +12,20 @@ Paths:
   torch_sdpa    torch.nn.functional.scaled_dot_product_attention (torch picks the kernel)
   torch_sdpa_flash, torch_sdpa_efficient, torch_sdpa_cudnn
                 the same pinned to one CUDA kernel (CUDA only)
+  torch_flex    torch.nn.attention.flex_attention under torch.compile (CUDA only)
   torch_nn_mha  torch.nn.MultiheadAttention (multi_head_attention only)
-  jax_dpa       jax.nn.dot_product_attention (XLA path)
-  jax_numpy     hand-written jax.numpy
+  jax_dpa       jax.nn.dot_product_attention (XLA path; TF32 float32 matmuls on GPU, JAX's default)
+  jax_dpa_cudnn jax.nn.dot_product_attention(implementation="cudnn") (CUDA only)
+  jax_pallas_flash  the Pallas (Triton) flash attention of jax.experimental.pallas.ops.gpu (CUDA only)
+  jax_numpy     hand-written jax.numpy, float32 matmuls at full float32 precision
+
+What each CUDA path refuses (SUPPORTS) and gets wrong (KNOWN_DEVIATIONS) was measured on
+an H100 (torch 2.11.0+cu130, jax 0.11.2; benchmarks/gpu_probe.py and the suite's GPU runs,
+README "GPU").
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -224,6 +232,39 @@ class TorchMath:
         return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch)
 
 
+def _cuda_16bit(facts) -> bool:
+    return facts["device"] == "cuda" and facts["dtype"] in ("float16", "bfloat16")
+
+
+def _nonpositive_scale(facts) -> bool:
+    return facts["scale"] is not None and facts["scale"] <= 0
+
+
+# One kernel defect surfaces through every clause whose property draws a case that reaches it.
+FORWARD_VALUE_CLAUSES = ("sdpa.finite", "sdpa.definition", "sdpa.any-length", "sdpa.scale-explicit",
+                         "sdpa.scale-default", "sdpa.gqa-mapping", "sdpa.cross-attention", "sdpa.value-dim",
+                         "causal.top-left", "causal.first-row", "causal.bottom-right-explicit", "mask.bool-true-attends",
+                         "mask.float-additive", "mask.broadcast", "mask.before-softmax", "softmax.large-inputs",
+                         "softmax.shift-invariance", "sdpa.key-permutation-invariance",
+                         "sdpa.batch-head-independence", "sdpa.convex-combination", "dropout.p-zero")
+GRADIENT_CLAUSES = ("grad.sdpa-q", "grad.sdpa-k", "grad.sdpa-v", "grad.mask", "grad.gqa-sum")
+
+CUDA_NAN_NONPOSITIVE_SCALE = {
+    "clause": FORWARD_VALUE_CLAUSES + GRADIENT_CLAUSES,
+    "when": lambda facts: _cuda_16bit(facts) and _nonpositive_scale(facts),
+    "reason": "H100, torch 2.11+cu130 / jax 0.11.2: the flash and cuDNN kernels (and torch's default dispatch, which "
+    "picks cuDNN for 16-bit inputs) return NaN for a scale of 0 or below in float16/bfloat16, forward and backward "
+    "(they assume a positive scale when they fold it into the exponent); the math kernel is right",
+}
+CUDA_CUDNN_FULLY_MASKED_ROWS = {
+    "clause": ("mask.fully-masked-row", "mha.projections"),
+    "when": lambda facts: _cuda_16bit(facts) and facts["fully_masked"],
+    "reason": "H100, torch 2.11+cu130 / jax 0.11.2: cuDNN attention returns finite wrong values (errors 0.2 to 4 "
+    "against zeros) for a row whose boolean mask attends no key (also inside multi-head attention)",
+}
+CUDA_16BIT_KERNEL_DEVIATIONS = (CUDA_NAN_NONPOSITIVE_SCALE, CUDA_CUDNN_FULLY_MASKED_ROWS)
+
+
 class TorchSDPA:
     """torch.nn.functional.scaled_dot_product_attention (whichever kernel torch picks)."""
 
@@ -240,15 +281,16 @@ class TorchSDPA:
             "explicit mask, and the math backend, give the right result",
         },
         {
-            "clause": "sdpa.any-length",
+            "clause": FORWARD_VALUE_CLAUSES + GRADIENT_CLAUSES,
             "when": lambda facts: facts["device"] == "cpu" and facts["is_causal"] and facts["mask_kind"] == "none"
             and facts["scale"] is not None and facts["scale"] < 0 and facts["dtype"] in ("float16", "bfloat16")
             and facts["Lk"] % 8 == 0,
             "reason": "torch 2.13 CPU, the same kernel with a negative scale in float16/bfloat16: where Lk is a "
             "multiple of 8 the causal rows come out finite and wrong (0, or a mix of the wrong keys) instead of NaN "
-            "(measured for Lq 1-9, Lk 1-19: Lk 8 and 16 wrong, the other Lk > 1 NaN)",
+            "(measured for Lq 1-9, Lk 1-19: Lk 8 and 16 wrong, the other Lk > 1 NaN); seen by every property that "
+            "draws such a case, gradients included",
         },
-    )
+    ) + CUDA_16BIT_KERNEL_DEVIATIONS
 
     @staticmethod
     def softmax(x, axis=-1):
@@ -268,6 +310,10 @@ class TorchSDPA:
             band = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
             mask = mask & band if mask.dtype == torch.bool else mask.masked_fill(~band, float("-inf"))
             is_causal = False
+        if mask is not None and mask.shape[-1] != k.shape[-2]:
+            # A mask broadcast along the keys (last dim 1): the memory-efficient CUDA kernel refuses it
+            # ("(*bias): last dimension must be contiguous"); the contract allows it, so expand it here.
+            mask = mask.expand(*mask.shape[:-1], k.shape[-2]).contiguous()
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
@@ -308,18 +354,80 @@ class TorchFlashAttention(_TorchSDPAKernel):
     NAME = "torch_sdpa_flash"
     DTYPES = ("float16", "bfloat16")
     BACKEND = "FLASH_ATTENTION"
+    # FlashAttention-2 in torch: head dims a multiple of 8 up to 256, Dv == Dk, no attn_mask (is_causal only).
+    SUPPORTS = {"head_dims": {"min": 8, "max": 256, "multiple": 8}, "value_head_dim": "same", "masks": ["none"]}
 
 
 class TorchMemoryEfficientAttention(_TorchSDPAKernel):
     NAME = "torch_sdpa_efficient"
     DTYPES = ("float32", "float16", "bfloat16")
     BACKEND = "EFFICIENT_ATTENTION"
+    # Refuses enable_gqa (H100, torch 2.11: "No available kernel" for every Hq != Hkv case).
+    SUPPORTS = {"gqa": False}
 
 
 class TorchCuDNNAttention(_TorchSDPAKernel):
     NAME = "torch_sdpa_cudnn"
     DTYPES = ("float16", "bfloat16")
     BACKEND = "CUDNN_ATTENTION"
+    SUPPORTS = {"head_dims": {"min": 8, "max": 256, "multiple": 8}, "value_head_dim": "same"}
+
+
+class TorchFlexAttention:
+    """torch.nn.attention.flex_attention compiled with torch.compile (its fused Triton kernel).
+
+    The contract maps onto flex's modifications: a boolean mask and is_causal become a
+    BlockMask (mask_mod), a float mask a score_mod adding it. Measured on an H100 (torch
+    2.11+cu130): float32 needs head dims >= 16 ("NYI: embedding dimension ... at least
+    16"); Dv != Dk, GQA (enable_gqa), scale <= 0 and fully masked rows (zeros) are right.
+    CUDA only: on a CPU the compile goes through inductor's C++ backend, seconds per shape.
+    """
+
+    NAME = "torch_flex"
+    ARRAY = "torch"
+    DEVICES = ("cuda",)
+    DTYPES = ("float32", "float16", "bfloat16")
+    COMPILED = True
+    SUPPORTS = {"head_dims": {"min": 16, "max": 256}}
+    _compiled = None
+
+    @classmethod
+    def _flex(cls):
+        if cls._compiled is None:
+            import torch
+            from torch.nn.attention.flex_attention import flex_attention
+
+            # Every new input signature recompiles; past dynamo's default limit (8) flex would silently run
+            # its unfused eager path, which is not the kernel under test.
+            torch._dynamo.config.recompile_limit = 10**6
+            torch._dynamo.config.accumulated_recompile_limit = 10**6
+            cls._compiled = torch.compile(flex_attention)
+        return cls._compiled
+
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        b, hq, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        block_mask = score_mod = None
+        keep = None
+        if mask is not None and mask.dtype == torch.bool:
+            keep = mask.expand(b, hq, lq, lk).contiguous()
+        if is_causal or keep is not None:
+            def mask_mod(bi, h, qi, ki):
+                allowed = ki <= qi if is_causal else ki >= 0
+                return allowed & keep[bi, h, qi, ki] if keep is not None else allowed
+
+            block_mask = create_block_mask(mask_mod, b, hq, lq, lk, device=q.device)
+        if mask is not None and mask.dtype != torch.bool:
+            bias = mask.expand(b, hq, lq, lk).contiguous()
+
+            def score_mod(score, bi, h, qi, ki):
+                return score + bias[bi, h, qi, ki]
+
+        return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                           enable_gqa=hq != k.shape[1])
 
 
 class TorchMultiheadAttentionModule:
@@ -380,6 +488,22 @@ class TorchMultiheadAttentionModule:
         return out
 
 
+@contextlib.contextmanager
+def _xla_gpu_dot_refusal_unsupported():
+    """XLA:GPU's refusal of a dot algorithm becomes NotImplementedError (unsupported, reported with its reason).
+
+    H100, jax 0.11.2: XLA:GPU refuses the F16_F16_F32 dot that jax.nn.dot_product_attention asks
+    for when Lq = Lk = 1 ("Unsupported dot precision algorithm: 4", every head dim); other float16
+    shapes run. It is a refusal to compile, not a wrong result.
+    """
+    try:
+        yield
+    except Exception as exc:  # jax.errors.JaxRuntimeError
+        if "Unsupported dot precision algorithm" in str(exc):
+            raise NotImplementedError(f"XLA:GPU: {str(exc).splitlines()[0]}") from None
+        raise
+
+
 class JaxDotProductAttention:
     """jax.nn.dot_product_attention.
 
@@ -398,6 +522,9 @@ class JaxDotProductAttention:
     NAME = "jax_dpa"
     ARRAY = "jax"
     DTYPES = {"cpu": ("float32",), "cuda": ("float32", "float16", "bfloat16")}
+    # JAX's default matmul precision on NVIDIA GPUs rounds float32 matmul inputs to TF32 (H100, jax 0.11.2:
+    # error 9.2e-4 at the default precision, 3.7e-7 at "highest"); this built-in judges JAX as users run it.
+    FLOAT32_MATMUL = {"cuda": "tf32"}
     KNOWN_DEVIATIONS = (
         {
             "clause": "mask.fully-masked-row",
@@ -422,7 +549,8 @@ class JaxDotProductAttention:
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
         if k.shape[-1] != v.shape[-1]:
             raise NotImplementedError("jax.nn.dot_product_attention requires Dv == Dk")
-        return _jax_sdpa(JaxDotProductAttention._sdpa, q, k, v, mask, is_causal, scale)
+        with _xla_gpu_dot_refusal_unsupported():
+            return _jax_sdpa(JaxDotProductAttention._sdpa, q, k, v, mask, is_causal, scale)
 
     @staticmethod
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
@@ -453,7 +581,8 @@ class JaxDotProductAttention:
 
     @classmethod
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
-        return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal)
+        with _xla_gpu_dot_refusal_unsupported():
+            return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal)
 
 
 class JaxNumpy:
@@ -487,7 +616,8 @@ class JaxNumpy:
         k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
         lq, lk = q.shape[-2], k.shape[-2]
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * jnp.asarray(scale, q.dtype)
+        # precision HIGHEST: float32 matmuls at float32 precision on GPUs too (JAX's default there is TF32).
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision="highest") * jnp.asarray(scale, q.dtype)
         allowed = jnp.ones((lq, lk), dtype=bool)
         if is_causal:
             allowed = jnp.tril(allowed)
@@ -500,11 +630,104 @@ class JaxNumpy:
         any_allowed = jnp.isfinite(row_max)
         e = jnp.exp(scores - jnp.where(any_allowed, row_max, 0))
         weights = e / jnp.where(any_allowed, jnp.sum(e, axis=-1, keepdims=True), 1)
-        return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v)
+        return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
 
     @staticmethod
     def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
-        return _jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal)
+        import jax
+
+        # The projections too: "highest" makes every float32 matmul of the traced program full precision.
+        with jax.default_matmul_precision("highest"):
+            return _jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal)
+
+
+class JaxCuDNNAttention:
+    """jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's fused attention.
+
+    Measured on an H100 (jax 0.11.2): float16/bfloat16 only ("Q must be fp16/bf16/fp8"),
+    Dv == Dk, head dims 8..256 a multiple of 8; a mask must span (Lq, Lk) ("Bias must
+    have same seq length as QKV"), so the adapter broadcasts it; the scale must be a
+    Python float (a traced one raises UnexpectedTracerError), so each scale compiles.
+    """
+
+    NAME = "jax_dpa_cudnn"
+    ARRAY = "jax"
+    DEVICES = ("cuda",)
+    DTYPES = {"cuda": ("float16", "bfloat16")}
+    SUPPORTS = {"head_dims": {"min": 8, "max": 256, "multiple": 8}, "value_head_dim": "same"}
+    KNOWN_DEVIATIONS = CUDA_16BIT_KERNEL_DEVIATIONS
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        scale = None if scale is None else float(scale)
+        return _jitted(JaxCuDNNAttention._sdpa, "is_causal", "scale")(q, k, v, mask, is_causal=is_causal, scale=scale)
+
+    @staticmethod
+    def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        import jax
+        import jax.numpy as jnp
+
+        bias = boolean = None
+        if mask is not None:
+            mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
+            mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[2], k.shape[2]))
+            if mask.dtype == jnp.bool_:
+                boolean = mask
+            else:
+                bias = mask.astype(q.dtype)
+        out = jax.nn.dot_product_attention(
+            jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2),
+            bias=bias, mask=boolean, scale=scale, is_causal=is_causal, implementation="cudnn",
+        )
+        return jnp.swapaxes(out, 1, 2)
+
+
+class JaxPallasFlashAttention:
+    """The Pallas (Triton) flash attention kernel, jax.experimental.pallas.ops.gpu.attention.mha.
+
+    Measured on an H100 (jax 0.11.2): sequence lengths must be multiples of its block
+    (128) and array sizes powers of 2; it takes no mask; it assumes as many kv heads as
+    query heads (given fewer, its output is silently wrong, errors 0.9), so the adapter
+    repeats kv heads for GQA; its causal path fails under jax_enable_x64 (int32/int64
+    in lax.div), so the adapter traces it with x64 off.
+    """
+
+    NAME = "jax_pallas_flash"
+    ARRAY = "jax"
+    DEVICES = ("cuda",)
+    DTYPES = {"cuda": ("float32", "float16", "bfloat16")}
+    SUPPORTS = {"head_dims": [16, 32, 64, 128], "value_head_dim": "same", "lengths": {"multiple": 128, "max": 2048},
+                "masks": ["none"]}
+
+    @staticmethod
+    def sdpa(q, k, v, is_causal=False, scale=None):
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        with _x64_off():
+            # The scale is static: mha passes it to a custom_vjp as a non-differentiable argument.
+            return _jitted(JaxPallasFlashAttention._sdpa, "is_causal", "scale")(q, k, v, is_causal=is_causal,
+                                                                                scale=scale)
+
+    @staticmethod
+    def _sdpa(q, k, v, is_causal=False, scale=1.0):
+        import jax.numpy as jnp
+        from jax.experimental.pallas.ops.gpu import attention
+
+        group = _head_groups(q, k)
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+        out = attention.mha(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), None,
+                            sm_scale=scale, causal=is_causal)
+        return jnp.swapaxes(out, 1, 2)
+
+
+def _x64_off():
+    """A context in which JAX traces with jax_enable_x64 off (its name moved between JAX releases)."""
+    import jax
+
+    for owner, name in ((jax, "enable_x64"), (getattr(jax, "experimental", None), "disable_x64")):
+        fn = getattr(owner, name, None)
+        if fn is not None:
+            return fn(False) if name == "enable_x64" else fn()
+    raise NotImplementedError("this JAX has no context manager to trace with x64 off")
 
 
 BUILTINS = (
@@ -515,7 +738,10 @@ BUILTINS = (
     TorchFlashAttention,
     TorchMemoryEfficientAttention,
     TorchCuDNNAttention,
+    TorchFlexAttention,
     TorchMultiheadAttentionModule,
     JaxDotProductAttention,
+    JaxCuDNNAttention,
+    JaxPallasFlashAttention,
     JaxNumpy,
 )

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -60,12 +62,63 @@ def test_a_malformed_fixture_stops_the_run_naming_the_file(tmp_path):
     assert "broken.yaml: entry 'no-inputs'" in done.stdout + done.stderr
 
 
-def test_a_hanging_implementation_is_cut_by_the_timeout_and_the_run_goes_on():
-    done = pytest_run("conformance/test_fixtures.py", "--impl", "examples.hanging_attention", "--timeout", "1",
-                      "-k", "qkv-output or qkv-softscores-sdpa", "--dtype", "float64")
+def test_a_hanging_implementation_is_cut_by_the_call_time_limit_and_the_run_goes_on():
+    done = pytest_run("conformance/test_fixtures.py", "--impl", "examples.hanging_attention",
+                      "-k", "qkv-output or qkv-softscores-sdpa", "--dtype", "float64",
+                      env={"ATTENTION_CONFORMANCE_CALL_TIMEOUT": "1"})
     assert done.returncode == 1
-    assert "Timeout" in done.stdout
     assert "2 failed" in done.stdout  # both cases ran: the first hang did not end the session
+    assert "the call hung: no result within 1 s (timed out" in done.stdout
+    assert "hung earlier on case qkv-" in done.stdout  # the second fails at once, naming the first
+
+
+@pytest.mark.parametrize("impl, workers", [("examples.hanging_attention", "2"), ("examples.hanging_when_lq3", "0")])
+def test_a_hang_in_fixtures_and_properties_ends_the_run_quickly(impl, workers):
+    """Every test of fixtures and properties: the hang costs one call time limit per process, then
+    every case fails at once (no property shrinks into it)."""
+    started = time.monotonic()
+    done = pytest_run("conformance/test_fixtures.py", "conformance/test_properties.py", "--impl", impl,
+                      "--dtype", "float64", "-n", workers, env={"ATTENTION_CONFORMANCE_CALL_TIMEOUT": "2"})
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "the call hung: no result within 2 s (timed out" in done.stdout
+    assert "hung earlier on case" in done.stdout
+    assert elapsed < 100, f"{elapsed:.0f} s"
+    if impl.endswith("lq3"):  # the case that hung is one with Lq == 3 (its shapes line names q)
+        shapes = done.stdout.split("problem  the call hung")[0].rsplit("shapes", 1)[1].splitlines()[0]
+        assert re.search(r"q\(\d+, \d+, 3, \d+\)", shapes), shapes
+
+
+def test_a_class_whose_constructor_needs_arguments_is_one_load_error():
+    done = pytest_run("--impl", "examples.needs_arguments:Attention")
+    assert done.returncode == 4
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "needs_arguments" in line]
+    assert len(lines) == 1 and "cannot instantiate class Attention" in lines[0] and "pass an instance" in lines[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_a_fixture_the_oracle_does_not_bear_out_stops_the_run_under_impl(tmp_path):
+    """Checked when the fixtures load, --impl included (the self-checks step aside under --impl)."""
+    (tmp_path / "wrong.yaml").write_text(textwrap.dedent("""
+        document: 003_58636e0047490b73.txt
+        title: wrong
+        fixtures:
+          - id: wrong-halves
+            kind: example
+            op: softmax
+            clauses: [softmax.definition]
+            source: here
+            inputs: {x: [[0.0, 0.0]]}
+            expected: [[0.5, 0.6]]
+            tolerance: {atol: 1.0e-6, reason: "exact halves"}
+    """))
+    (tmp_path / "empty.yaml").write_text("")
+    done = pytest_run("--impl", "examples.my_attention", env={"ATTENTION_CONFORMANCE_FIXTURES": str(tmp_path)})
+    assert done.returncode == 4
+    out = done.stdout + done.stderr
+    assert "wrong.yaml: entry 'wrong-halves': field 'expected': the oracle does not reproduce the printed values" in out
+    assert "empty.yaml: file is empty" in out
+    assert "passed" not in out and "failed" not in out  # no implementation was judged
 
 
 def test_raise_wrong_shape_wrong_dtype_and_nan_each_fail_their_own_case():

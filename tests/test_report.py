@@ -8,17 +8,23 @@ examples.my_attention (about 12 s); the failing one is restricted to the fixture
 """
 from __future__ import annotations
 
+import gzip
 import html
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
+import numpy as np
 import pytest
 
-from conformance import html_report
+from conformance import agreement, checks, html_report, plugin, summary
+from conformance.report import CaseRecord, parse_shapes, shapes_text
 from conformance.specdata import ROOT, clauses
 
 pytestmark = pytest.mark.selfcheck
@@ -27,16 +33,16 @@ SCHEMA = json.loads((ROOT / "docs" / "report-schema.json").read_text())
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
-def run_with_report(tmp_path, impl: str, *args: str, name: str = "r"):
+def run_with_report(tmp_path, impl: str, *args: str, name: str = "r.json"):
     environment = {**os.environ}
     for variable in ("PYTEST_XDIST_WORKER", "ATTENTION_CONFORMANCE_IMPL", "PYTEST_ADDOPTS"):
         environment.pop(variable, None)
-    report = tmp_path / f"{name}.json"
+    report = tmp_path / name
     command = [sys.executable, "-m", "pytest", "conformance", "-q", "-n", "0", "-p", "no:cacheprovider", "--impl", impl,
                "--hypothesis-profile", "dev", "--conformance-report", str(report), "-W", "ignore::DeprecationWarning",
                *args]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=110, env=environment)
-    return done, report, report.with_suffix(".html")
+    return done, report, summary.html_path(report)
 
 
 def validate(report: dict) -> None:
@@ -57,7 +63,15 @@ def test_a_passing_run_writes_a_valid_report_and_page(tmp_path):
     assert report["exit_status"] == 0
     assert [d["name"] for d in report["implementations"]] == ["examples_my_attention"]
     counts = report["summary"]["examples_my_attention"]
-    assert counts.get("passed", 0) > 0 and not counts.get("failed")
+    assert counts["passed"] > 0 and counts["failed"] == 0
+    assert counts["judged"] == counts["passed"] + counts["deviation"]
+    assert counts["cases"] == counts["judged"] + counts["unsupported"] == len(report["cases"])
+    passed = [c for c in report["cases"] if c["status"] == "passed"]
+    assert passed and not any({"op", "shapes", "message"} & set(c) for c in passed)  # compact records
+    assert not any(value is None or value == "" for c in report["cases"] for value in c.values())
+    assert "\n  " not in json_path.read_text()  # no indentation
+    assert "cases per implementation" in done.stdout and "examples_my_attention" in done.stdout
+    assert f"{counts['judged']} cases judged ({counts['passed']} passed" in done.stdout
     assert {c["clause"] for c in report["cases"]} >= {"sdpa.definition", "sdpa.scale-default", "causal.top-left",
                                                       "sdpa.gqa-mapping", "mask.fully-masked-row"}
     assert any(c["max_abs_error"] is not None and c["allowed"] for c in report["cases"])
@@ -84,6 +98,8 @@ def test_a_failing_run_lists_the_failures_in_both_files(tmp_path):
     failed = [c for c in report["cases"] if c["status"] == "failed"]
     assert {c["clause"] for c in failed} & {"softmax.last-axis", "softmax.definition"}, failed[:3]
     assert all(c["message"].startswith(f"[{c['clause']}]") for c in failed)
+    assert all(c["op"] == "softmax" and parse_shapes(c["shapes"]) for c in failed)
+    assert report["summary"]["examples_wrong_axis_softmax"]["failed"] == len(failed)
 
     page = html_path.read_text(encoding="utf-8")
     assert "<h2>Failures</h2>" in page and 'class="failures"' in page
@@ -98,10 +114,11 @@ def test_the_page_escapes_text_and_survives_without_matplotlib(tmp_path, monkeyp
         monkeypatch.setitem(sys.modules, module, None)  # makes the import fail
     evil = "<script>alert('x')</script>"
     report = {
-        "schema_version": 1,
+        "schema_version": 2,
         "suite": {"name": "attention-conformance", "version": "0.1.0", "commit": None},
         "exit_status": 1,
-        "environment": {"versions": {"python": "3.11.7", "torch": None}, "devices": {"cpu": "x86_64"},
+        "environment": {"versions": {"python": "3.11.7", "torch": None},
+                        "devices": {"cpu": "x86_64", "cuda": [f"cuda:0 {evil}"], "jax": ["gpu:0 H100"]},
                         "platform": "Linux"},
         "implementations": [{
             "name": evil, "spec": "m", "array": "numpy", "dtypes": {"cpu": ["float32"], "cuda": []},
@@ -109,17 +126,18 @@ def test_the_page_escapes_text_and_survives_without_matplotlib(tmp_path, monkeyp
             "fully_masked_rows": {"bool": "uniform", "float": "nan"},
             "known_deviations": [{"clause": "sdpa.finite", "reason": evil}], "skip_reason": None,
         }],
-        "summary": {evil: {"failed": 1, "passed": 1, "deviation": 1}},
+        "summary": {evil: {"cases": 4, "judged": 3, "failed": 1, "passed": 1, "deviation": 1, "unsupported": 1,
+                           "unsupported_reasons": [{"reason": evil, "count": 1}]}},
         "cases": [
             {"test": "t", "implementation": evil, "clause": "sdpa.definition", "case": evil, "op": "sdpa",
-             "dtype": "float32", "device": "cpu", "status": "failed", "max_abs_error": 1.0, "allowed": 1e-6,
-             "ratio": float("inf"), "message": f"[sdpa.definition] {evil}", "shapes": {"q": [1, 1, 2, 3]}},
-            {"test": "", "implementation": evil, "clause": "sdpa.definition", "case": "c", "op": "sdpa",
-             "dtype": "float32", "device": "cpu", "status": "passed", "max_abs_error": 0.0, "allowed": 1e-6,
-             "ratio": 0.0, "message": "", "shapes": {}},
+             "dtype": "float32", "device": "cpu", "status": "failed", "max_abs_error": 1.0, "allowed": 0.0,
+             "message": f"[sdpa.definition] {evil}", "shapes": f"q=1x1x2x3 {evil}=()"},
+            {"test": "", "implementation": evil, "clause": "sdpa.definition", "case": "c", "dtype": "float32",
+             "device": "cpu", "status": "passed", "max_abs_error": 0.0, "allowed": 1e-6, "ratio": 0.0},
             {"test": "", "implementation": evil, "clause": "mask.fully-masked-row", "case": "c", "op": "sdpa",
-             "dtype": "float32", "device": "cpu", "status": "deviation", "max_abs_error": None, "allowed": None,
-             "ratio": None, "message": evil, "shapes": {}},
+             "dtype": "float32", "device": "cpu", "status": "deviation", "message": evil},
+            {"test": "", "implementation": evil, "clause": "sdpa.scale", "case": "c", "op": "sdpa",
+             "dtype": "float16", "device": "cuda", "status": "unsupported", "message": evil, "shapes": "q=1x1x2x3"},
         ],
         "agreement": [{"dtype": "float32", "a": f"{evil}@cpu", "b": "other@cpu", "cases": 2, "max_abs_diff": 1e-7,
                        "max_ulp": 3}],
@@ -133,10 +151,145 @@ def test_the_page_escapes_text_and_survives_without_matplotlib(tmp_path, monkeyp
     assert "matplotlib is not installed" in page and "<img" not in page
     assert "bool mask: uniform, float mask: nan" in page and "cpu: float32; cuda: none" in page
     assert "1.000e-07 / 3 ulp" in page
+    assert f"q=1x1x2x3 {html.escape(evil)}=()" in page  # the failure's shapes string
+    assert f"cuda:0 {html.escape(evil)}" in page and "gpu:0 H100" in page  # device lists
+    assert f"1 × {html.escape(evil)}" in page  # top unsupported reasons
+
+
+def _record(status="passed", message="", **fields):
+    base = dict(test="t[x]", implementation="impl", clause="sdpa.definition", case="c", op="sdpa", dtype="float32",
+                device="cpu", status=status, message=message)
+    return CaseRecord(**{**base, **fields})
+
+
+def test_case_records_are_compact():
+    passed = _record(max_abs_error=np.float64(2.5919638831084502e-11), allowed=1.5313043847864254e-08,
+                     ratio=0.0016926509901360712, shapes={"q": [1, 2, 3, 4]})
+    assert passed.as_dict() == {"test": "t[x]", "implementation": "impl", "clause": "sdpa.definition", "case": "c",
+                                "dtype": "float32", "device": "cpu", "status": "passed",
+                                "max_abs_error": 2.59196e-11, "allowed": 1.5313e-08, "ratio": 0.00169265}
+    failed = _record("failed", "[sdpa.definition] bad\n  problem  x\n  repro (run from the repository root):\n    code",
+                     max_abs_error=1.0, allowed=0.0, ratio=float("inf"), shapes={"q": (1, 2, 3, 4), "s": ()})
+    data = failed.as_dict()
+    assert "ratio" not in data and data["allowed"] == 0.0 and data["op"] == "sdpa"
+    assert data["shapes"] == "q=1x2x3x4 s=()" and parse_shapes(data["shapes"]) == {"q": (1, 2, 3, 4), "s": ()}
+    assert data["message"].endswith("    code")
+    short = failed.as_dict(repro=False)["message"]
+    assert short.startswith("[sdpa.definition] bad\n  problem  x\n") and "code" not in short
+    # A ratio is never rounded across 1, the threshold of the verdict.
+    assert _record("failed", ratio=1.0000000001).as_dict()["ratio"] > 1
+    assert _record(ratio=0.99999999999).as_dict()["ratio"] <= 1
+    assert shapes_text({}) == "" and parse_shapes("") == {}
+
+
+def test_only_the_last_failure_of_a_group_keeps_its_repro():
+    message = "[c] x\n  repro (run from the repository root):\n    snippet"
+    records = [_record("failed", message, case="a"), _record("failed", message, case="b"),
+               _record("failed", message, case="c", dtype="float64"), _record()]
+    cases = summary._case_dicts(records)
+    assert ["snippet" in c.get("message", "") for c in cases] == [False, True, True, False]
+
+
+def _terminal_lines(monkeypatch) -> list[str]:
+    monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
+    lines = []
+    reporter = SimpleNamespace(section=lambda title, **kw: lines.append(f"== {title}"), write_line=lines.append)
+    summary.terminal_summary(reporter, None)
+    return lines
+
+
+def test_the_summary_counts_judged_and_unsupported_cases_with_their_reasons(kept_records, monkeypatch):
+    long_reason = "needs H*Dk == E " + "and a great deal more " * 10
+    checks.RECORDS[:] = (
+        [_record(implementation="kern") for _ in range(5)]
+        + [_record("failed", "[c] broken", implementation="kern"), _record("deviation", "declared", implementation="kern")]
+        + [_record("unsupported", f"outside kern's declared region: head dim Dk {d} is outside 8..256 step 8\nmore",
+                   implementation="kern") for d in (12, 12, 20, 4)]
+        + [_record("unsupported", "kern raised NotImplementedError: no", implementation="kern") for _ in range(2)]
+        + [_record("unsupported", long_reason, implementation="kern")]
+        + [_record("unsupported", "something rare", implementation="kern")]
+        + [_record(implementation="plain")]
+    )
+    entry = summary.implementation_summary()["kern"]
+    assert entry == {
+        "cases": 15, "judged": 7, "passed": 5, "failed": 1, "deviation": 1, "unsupported": 8,
+        "unsupported_reasons": [
+            {"reason": "outside kern's declared region: head dim Dk <n> is outside 8..256 step 8", "count": 4},
+            {"reason": "kern raised NotImplementedError: no", "count": 2},
+            {"reason": " ".join(long_reason.split()), "count": 1},
+        ],
+    }
+    assert summary.implementation_summary()["plain"] == {"cases": 1, "judged": 1, "passed": 1, "failed": 0,
+                                                         "deviation": 0, "unsupported": 0}
+    lines = _terminal_lines(monkeypatch)
+    assert lines[0] == "== attention conformance" and "not pytest tests" in lines[1]
+    kern = lines.index(next(line for line in lines if line.startswith("kern ")))
+    assert lines[kern] == "kern               7 cases judged (5 passed, 1 failed, 1 deviation), 8 cases unsupported"
+    reasons = lines[kern + 1]
+    assert reasons.strip().startswith('unsupported: 4 "outside kern\'s declared region: head dim Dk <n>')
+    assert '; 2 "kern raised NotImplementedError: no"; 1 "needs H*Dk == E and a great' in reasons
+    assert reasons.endswith('..."; 1 for other reasons') and "\n" not in reasons
+    assert lines[kern + 2] == "plain              1 cases judged (1 passed)"
+
+
+class _FakeConfig:
+    def __init__(self):
+        self.workeroutput = {}
+
+
+def test_workers_send_records_versions_and_devices_to_the_controller(kept_records, monkeypatch):
+    """send_to_controller on two fake workers, receive_from_worker on the controller: records, versions, devices."""
+    execnet = pytest.importorskip("execnet")
+    monkeypatch.setattr(summary, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
+    monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
+    sent = _record("failed", "[c] x", max_abs_error=np.float64(1.5), allowed=0.0, ratio=float("inf"),
+                   shapes={"q": (1, 2, 3, 4)})
+    checks.RECORDS[:] = [sent]
+    agreement.keep("c", "impl", "cpu", "float32", np.array([1.0, 2.0], dtype=np.float32))
+    workers = []
+    for torch_version, devices in (("2.13.0", {"cpu": "x86_64", "cuda": ["cuda:0 NVIDIA H100", "cuda:1 NVIDIA H100"]}),
+                                   (None, {"cpu": "other", "cuda": ["cuda:0 NVIDIA H100"], "jax": ["gpu:0 NVIDIA H100"]})):
+        monkeypatch.setattr(summary, "local_environment", lambda v=torch_version, d=devices: {
+            "versions": {"python": "3.11", "numpy": "2.0", "torch": v, "jax": None}, "devices": d})
+        config = _FakeConfig()
+        plugin.send_to_controller(config)
+        workers.append(SimpleNamespace(workeroutput=execnet.loads(execnet.dumps(config.workeroutput))))
+    # The real thing must be sendable too (execnet refuses a str subclass such as torch's version).
+    monkeypatch.undo()
+    execnet.dumps(summary.local_environment())
+    monkeypatch.setattr(summary, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
+    monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
+
+    checks.RECORDS[:] = []
+    for node in reversed(workers):  # the worker without torch finishes first
+        plugin.receive_from_worker(node)
+    assert [rec.as_dict() for rec in checks.RECORDS] == [sent.as_dict()] * 2
+    assert checks.RECORDS[0].ratio == float("inf") and checks.RECORDS[0].shapes == {"q": [1, 2, 3, 4]}
+    assert list(agreement._OUTPUTS) == [("float32", "c")]
+    monkeypatch.setattr(summary, "local_environment", lambda: {
+        "versions": {"python": "3.11", "numpy": "2.4", "torch": None, "jax": None, "hypothesis": "6"},
+        "devices": {"cpu": "controller"}})
+    env = summary.environment()
+    assert env["versions"] == {"python": "3.11", "numpy": "2.4", "torch": "2.13.0", "jax": None, "hypothesis": "6"}
+    assert env["devices"] == {"cpu": "controller", "cuda": ["cuda:0 NVIDIA H100", "cuda:1 NVIDIA H100"],
+                              "jax": ["gpu:0 NVIDIA H100"]}
+
+
+def test_gzip_and_page_paths(tmp_path):
+    assert summary.html_path(Path("a/r.json.gz")) == Path("a/r.html") == summary.html_path(Path("a/r.json"))
+    report = {"schema_version": 2, "cases": [{"a": 1}, {"b": [1, 2]}], "agreement": []}
+    text = summary.dumps(report)
+    assert json.loads(text) == report and text.count("\n") == 8
 
 
 def test_a_report_under_xdist_has_the_workers_records(tmp_path):
-    done, json_path, _ = run_with_report(tmp_path, "examples.my_attention", "-k", "test_fixture", "-n", "1")
+    """Also: a path ending in .gz gets gzip, and the page beside it is r.html."""
+    done, json_path, html_path = run_with_report(tmp_path, "examples.my_attention", "-k", "test_fixture", "-n", "1",
+                                                 name="r.json.gz")
     assert done.returncode == 0, done.stdout[-3000:]
-    report = json.loads(json_path.read_text())
+    report = json.loads(gzip.decompress(json_path.read_bytes()))
+    validate(report)
     assert report["summary"].get("examples_my_attention", {}).get("passed", 0) > 0
+    assert report["environment"]["versions"]["numpy"]  # imported by the worker that ran the cases
+    page = html_path.read_text(encoding="utf-8")
+    assert html_path.name == "r.html" and '<a href="r.json.gz">' in page

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conformance import oracle
-from conformance.specdata import SpecError, clauses, fixtures, load_fixture_file, run_oracle
+from conformance.specdata import SpecError, clauses, fixtures, load_fixture_file, oracle_disagreement, run_oracle
 
 pytestmark = pytest.mark.selfcheck
 
@@ -77,18 +77,54 @@ def test_unsafe_yaml_tags_are_refused(tmp_path):
 
 @pytest.mark.parametrize("fx", [f for f in fixtures()], ids=lambda f: f.id)
 def test_fixture_agrees_with_the_oracle(fx):
-    """Fixture integrity: the oracle reproduces every printed example and avoids every counterexample."""
-    got = run_oracle(fx)
-    if fx.expected is None:
-        assert np.all(np.isfinite(got) | np.isneginf(got))
-        return
-    same_special = (np.isnan(got) & np.isnan(fx.expected)) | (np.isinf(got) & (got == fx.expected))
-    with np.errstate(invalid="ignore"):
-        within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected))
-    if fx.kind == "example":
-        assert within.all(), f"{fx.id}: oracle differs from the printed values at {np.argwhere(~within)[:3].tolist()}"
-    else:
-        assert not within.all(), f"{fx.id}: the oracle reproduces the counterexample"
+    """Fixture integrity: the oracle reproduces every printed example and avoids every counterexample
+    (the check the loader runs on every fixture, every run; here once more, one test per fixture)."""
+    assert oracle_disagreement(fx, run_oracle(fx)) is None
+
+
+def test_a_wrong_expected_value_is_caught_when_the_fixtures_load(tmp_path):
+    with pytest.raises(SpecError) as raised:
+        _load(tmp_path, GOOD.replace("expected: [[0.5, 0.5]]", "expected: [[0.5, 0.6]]"))
+    message = str(raised.value)
+    assert "fixture.yaml: entry 'tiny-softmax': field 'expected'" in message
+    assert "the oracle does not reproduce the printed values" in message and "index (0, 1)" in message
+
+
+def test_a_counterexample_the_oracle_gives_is_caught_when_the_fixtures_load(tmp_path):
+    text = GOOD.replace("kind: example", "kind: counterexample")
+    with pytest.raises(SpecError, match=r"entry 'tiny-softmax': field 'expected': the oracle reproduces this counterexample"):
+        _load(tmp_path, text)
+
+
+def test_every_problem_of_a_file_is_listed(tmp_path):
+    second = GOOD.split("fixtures:\n", 1)[1].replace("tiny-softmax", "second").replace(
+        "expected: [[0.5, 0.5]]", "expected: [[0.1, 0.9]]")
+    third = GOOD.split("fixtures:\n", 1)[1].replace("tiny-softmax", "third").replace("op: softmax", "op: attention")
+    fourth = GOOD.split("fixtures:\n", 1)[1].replace("tiny-softmax", "fourth").replace(
+        "clauses: [softmax.definition]", "clauses: [softmax.nonexistent]")
+    with pytest.raises(SpecError) as raised:
+        _load(tmp_path, GOOD + second + third + fourth)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "3 problems in spec/ or fixtures/:", lines
+    assert any("entry 'second': field 'expected'" in line and "does not reproduce" in line for line in lines)
+    assert any("entry 'third': field 'op'" in line for line in lines)
+    assert any("entry 'fourth': field 'clauses[0]'" in line and "unknown clause" in line for line in lines)
+    assert not any("tiny-softmax" in line for line in lines)  # the good entry has no problem
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"])
+def test_an_empty_fixture_file_says_so(tmp_path, text):
+    with pytest.raises(SpecError, match=r"fixture.yaml: file is empty$"):
+        _load(tmp_path, text)
+
+
+def test_problems_of_several_files_are_listed_together(tmp_path):
+    (tmp_path / "a.yaml").write_text("")
+    (tmp_path / "b.yaml").write_text(textwrap.dedent(GOOD).replace("expected: [[0.5, 0.5]]", "expected: [[0.5, 0.6]]"))
+    with pytest.raises(SpecError) as raised:  # (a raising call is not cached)
+        fixtures(tmp_path)
+    message = str(raised.value)
+    assert "a.yaml: file is empty" in message and "b.yaml: entry 'tiny-softmax': field 'expected'" in message
 
 
 def test_every_clause_is_exercised_somewhere():

@@ -13,6 +13,7 @@ import pytest
 
 from conformance import plugin
 from conformance.specdata import ROOT
+from implementations._registry import from_object
 
 pytestmark = pytest.mark.selfcheck
 
@@ -123,8 +124,9 @@ def test_what_cannot_run_is_one_skipped_item_per_device_not_one_per_dtype(monkey
         [fx for fx in plugin.fixtures() if fx.op == "sdpa"])
 
 
-@pytest.mark.parametrize("array, max_examples, expected", [("jax", 30, 3), ("jax", 10, 1), ("numpy", 10, 10)])
-def test_compiled_implementations_run_a_tenth_of_the_examples(array, max_examples, expected):
+@pytest.mark.parametrize("spec, max_examples, expected", [("jax", 30, 3), ("jax", 10, 1), ("numpy", 10, 10),
+                                                           ("compiled", 10, 1)])
+def test_compiled_implementations_run_a_tenth_of_the_examples(spec, max_examples, expected):
     from hypothesis import given, settings, strategies as st
 
     from conformance.test_properties import property_test
@@ -137,5 +139,8 @@ def test_compiled_implementations_run_a_tenth_of_the_examples(array, max_example
     def prop(x, impl):
         seen.append(x)
 
-    prop(impl=SimpleNamespace(array=array))
+    # ARRAY="jax" compiles per input signature; so does a declared COMPILED=True (torch.compile, say).
+    attributes = {"ARRAY": "jax"} if spec == "jax" else ({"COMPILED": True} if spec == "compiled" else {})
+    impl = from_object(type("Impl", (), {**attributes, "sdpa": staticmethod(lambda q, k, v: q)}), spec, spec)
+    prop(impl=impl)
     assert len(seen) == expected

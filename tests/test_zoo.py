@@ -12,7 +12,17 @@ from .battery import run_battery
 pytestmark = pytest.mark.selfcheck
 
 
-@pytest.mark.parametrize("member", zoo.member_names("broken"))
+def kernel_members(kind: str) -> list[str]:
+    """The CPU stand-ins for GPU kernels, zoo/kernel_*.py (kernel_correct*, kernel_broken_*): members
+    that declare a kernel's SUPPORTS region, so every generated case they meet is kernel-shaped."""
+    import pkgutil
+
+    names = sorted(m.name for m in pkgutil.iter_modules(zoo.__path__) if m.name.startswith("kernel_"))
+    broken = [n for n in names if n.startswith("kernel_broken_")]
+    return broken if kind == "broken" else [n for n in names if n not in broken]
+
+
+@pytest.mark.parametrize("member", zoo.member_names("broken") + kernel_members("broken"))
 def test_broken_member_is_rejected_by_its_clause(member):
     module = zoo.load(member)
     impl = load_implementation(f"zoo.{member}")
@@ -33,7 +43,7 @@ def correct_member_examples() -> int:
     return max(3, settings.default.max_examples // 3)
 
 
-@pytest.mark.parametrize("member", zoo.member_names("correct"))
+@pytest.mark.parametrize("member", zoo.member_names("correct") + kernel_members("correct"))
 def test_correct_member_passes(member):
     impl = load_implementation(f"zoo.{member}")
     verdicts = run_battery(impl, dtypes=tuple(impl.dtypes), max_examples=correct_member_examples())

@@ -1,0 +1,216 @@
+"""The supported region an implementation declares: which sdpa shapes, masks and layouts it can run.
+
+Kernels refuse shapes for reasons of their own (flash: head dims a multiple of 8 up
+to 256; cuDNN: Dv == Dk; Pallas: lengths a multiple of its block). An implementation
+states that once, as ``SUPPORTS`` (a dict, all keys optional)::
+
+    SUPPORTS = {
+        "head_dims": {"min": 16, "max": 256, "multiple": 8},   # Dk (and Dv); or a list [64, 128]
+        "value_head_dim": "same",        # "same" (Dv == Dk) or "any" (default)
+        "lengths": {"min": 1, "max": 4096, "multiple": 1},      # Lq and Lk
+        "masks": ["none", "bool", "float"],                     # mask kinds it takes (default all)
+        "causal": True,                  # accepts is_causal=True (default True)
+        "gqa": True,                     # Hq a multiple of Hkv > 1 head per kv head (default True)
+        "max_group": 8,                  # the largest Hq / Hkv (default: no limit)
+    }
+
+and/or a method ``supports(facts) -> str | None`` returning why a case is outside
+(None: inside); facts are those of ``KNOWN_DEVIATIONS`` (op, dtype, device, scale,
+is_causal, mask_kind, Lq, Lk, Dk, Dv, Hq, Hkv).
+
+The suite draws generated cases *inside* the region (conformance/strategies.py), so an
+implementation that cannot run tiny shapes is judged on kernel-shaped ones instead of
+being starved; a case outside it (a fixture, say) is reported unsupported with the
+reason, never failed. The region describes sdpa and the per-head attention inside
+multi_head_attention; softmax has none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+MASK_KINDS = ("none", "bool", "float")
+KEYS = ("head_dims", "value_head_dim", "lengths", "masks", "causal", "gqa", "max_group")
+
+
+class RegionError(ValueError):
+    """A SUPPORTS declaration that does not parse; the message names the key."""
+
+
+@dataclass(frozen=True)
+class IntRange:
+    """Integers min..max that are a multiple of ``multiple``, or exactly ``values`` when given."""
+
+    min: int = 1
+    max: int | None = None
+    multiple: int = 1
+    values: tuple[int, ...] | None = None
+
+    def contains(self, n: int) -> bool:
+        if self.values is not None:
+            return n in self.values
+        return n >= self.min and (self.max is None or n <= self.max) and n % self.multiple == 0
+
+    def why_not(self, n: int, what: str) -> str | None:
+        if self.contains(n):
+            return None
+        return f"{what} {n} is outside the declared {self.describe()}"
+
+    def describe(self) -> str:
+        if self.values is not None:
+            return "{" + ", ".join(map(str, self.values)) + "}"
+        top = "" if self.max is None else str(self.max)
+        step = f" step {self.multiple}" if self.multiple > 1 else ""
+        return f"{self.min}..{top}{step}"
+
+    def members(self, candidates) -> list[int]:
+        """The candidates inside this range, in their order (duplicates dropped)."""
+        seen: list[int] = []
+        for n in candidates:
+            if self.contains(n) and n not in seen:
+                seen.append(n)
+        return seen
+
+    @classmethod
+    def parse(cls, value, key: str) -> "IntRange":
+        if isinstance(value, (list, tuple)):
+            if not value or not all(isinstance(v, int) and v > 0 for v in value):
+                raise RegionError(f"SUPPORTS[{key!r}] must be a non-empty list of positive ints, got {value!r}")
+            return cls(min=min(value), max=max(value), values=tuple(sorted(set(value))))
+        if isinstance(value, dict):
+            unknown = set(value) - {"min", "max", "multiple"}
+            if unknown:
+                raise RegionError(f"SUPPORTS[{key!r}] has unknown keys {sorted(unknown)}; allowed: min, max, multiple")
+            lo, hi, step = value.get("min", 1), value.get("max"), value.get("multiple", 1)
+            if not (isinstance(lo, int) and lo >= 1 and isinstance(step, int) and step >= 1
+                    and (hi is None or (isinstance(hi, int) and hi >= lo))):
+                raise RegionError(f"SUPPORTS[{key!r}]={value!r}: min >= 1, max >= min (or absent), multiple >= 1")
+            lo = -(-lo // step) * step  # the smallest allowed value
+            if hi is not None and lo > hi:
+                raise RegionError(f"SUPPORTS[{key!r}]={value!r} admits no value")
+            return cls(min=lo, max=hi, multiple=step)
+        raise RegionError(f"SUPPORTS[{key!r}] must be a list of ints or a dict with min/max/multiple, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Region:
+    head_dims: IntRange = field(default_factory=IntRange)
+    same_value_dim: bool = False
+    lengths: IntRange = field(default_factory=IntRange)
+    masks: tuple[str, ...] = MASK_KINDS
+    causal: bool = True
+    gqa: bool = True
+    max_group: int | None = None
+    check: Callable[[dict], Any] | None = None  # the implementation's supports(facts)
+
+    # ------------------------------------------------------------ questions
+    @property
+    def declared(self) -> bool:
+        return self != Region(check=self.check) or self.check is not None
+
+    def why_outside(self, facts: dict) -> str | None:
+        """Why a case with these facts is outside the region (None: inside)."""
+        if facts.get("op") == "softmax":
+            return None
+        for name in ("Dk", "Dv"):
+            if name in facts:
+                reason = self.head_dims.why_not(facts[name], f"head dim {name}")
+                if reason:
+                    return reason
+        if self.same_value_dim and "Dk" in facts and facts.get("Dv", facts["Dk"]) != facts["Dk"]:
+            return f"Dv {facts['Dv']} != Dk {facts['Dk']} (declared value_head_dim: same)"
+        for name in ("Lq", "Lk"):
+            if name in facts:
+                reason = self.lengths.why_not(facts[name], f"length {name}")
+                if reason:
+                    return reason
+        if facts.get("mask_kind", "none") not in self.masks:
+            return f"a {facts['mask_kind']} mask (declared masks: {', '.join(self.masks)})"
+        if facts.get("is_causal") and not self.causal:
+            return "is_causal=True (declared causal: False)"
+        if "Hq" in facts and "Hkv" in facts and facts["Hkv"] and facts["Hq"] != facts["Hkv"]:
+            group = facts["Hq"] // facts["Hkv"]
+            if not self.gqa:
+                return f"grouped-query attention Hq/Hkv = {group} (declared gqa: False)"
+            if self.max_group is not None and group > self.max_group:
+                return f"Hq/Hkv = {group} > declared max_group {self.max_group}"
+        if self.check is not None:
+            reason = self.check(dict(facts))
+            if reason:
+                return f"outside the implementation's supports(): {reason}"
+        return None
+
+    def takes_small_shapes(self) -> bool:
+        """Whether the suite's small generated shapes (head dims and lengths 1..7) are inside."""
+        return self.head_dims.contains(1) and self.head_dims.contains(6) and self.lengths.contains(1) \
+            and self.lengths.contains(7) and not self.same_value_dim
+
+    def describe(self) -> dict:
+        return {
+            "head_dims": self.head_dims.describe(),
+            "value_head_dim": "same" if self.same_value_dim else "any",
+            "lengths": self.lengths.describe(),
+            "masks": list(self.masks),
+            "causal": self.causal,
+            "gqa": self.gqa,
+            "max_group": self.max_group,
+            "supports()": self.check is not None,
+        }
+
+
+def parse_region(declared, check=None, where: str = "SUPPORTS") -> Region:
+    """Region from the SUPPORTS dict (None: everything) and an optional supports(facts) callable."""
+    if declared is None:
+        declared = {}
+    if not isinstance(declared, dict):
+        raise RegionError(f"{where} must be a dict, got {type(declared).__name__}")
+    unknown = set(declared) - set(KEYS)
+    if unknown:
+        raise RegionError(f"{where} has unknown keys {sorted(unknown)}; allowed: {', '.join(KEYS)}")
+    kwargs: dict[str, Any] = {}
+    if "head_dims" in declared:
+        kwargs["head_dims"] = IntRange.parse(declared["head_dims"], "head_dims")
+    if "lengths" in declared:
+        kwargs["lengths"] = IntRange.parse(declared["lengths"], "lengths")
+    if "value_head_dim" in declared:
+        if declared["value_head_dim"] not in ("same", "any"):
+            raise RegionError(f"{where}['value_head_dim'] must be 'same' or 'any', got {declared['value_head_dim']!r}")
+        kwargs["same_value_dim"] = declared["value_head_dim"] == "same"
+    if "masks" in declared:
+        masks = tuple(declared["masks"])
+        bad = [m for m in masks if m not in MASK_KINDS]
+        if bad or not masks:
+            raise RegionError(f"{where}['masks'] must list some of {list(MASK_KINDS)}, got {list(masks)!r}")
+        kwargs["masks"] = tuple(m for m in MASK_KINDS if m in masks)
+    for key in ("causal", "gqa"):
+        if key in declared:
+            if not isinstance(declared[key], bool):
+                raise RegionError(f"{where}[{key!r}] must be True or False, got {declared[key]!r}")
+            kwargs[key] = declared[key]
+    if "max_group" in declared:
+        if not (isinstance(declared["max_group"], int) and declared["max_group"] >= 1):
+            raise RegionError(f"{where}['max_group'] must be an int >= 1, got {declared['max_group']!r}")
+        kwargs["max_group"] = declared["max_group"]
+    if check is not None and not callable(check):
+        raise RegionError("supports must be a callable supports(facts) -> reason or None")
+    return Region(check=check, **kwargs)
+
+
+EVERYTHING = Region()
+
+
+def shape_facts(op: str, inputs: dict) -> dict:
+    """The facts a region looks at, read off a case's inputs (arrays in the contract's layout)."""
+    facts: dict[str, Any] = {"op": op}
+    mask = inputs.get("mask")
+    facts["mask_kind"] = "none" if mask is None else ("bool" if str(getattr(mask, "dtype", "")) == "bool" else "float")
+    facts["is_causal"] = bool(inputs.get("is_causal", False))
+    if op == "sdpa" and "q" in inputs:
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        facts.update(B=q.shape[0], Hq=q.shape[1], Hkv=k.shape[1], Lq=q.shape[-2], Lk=k.shape[-2],
+                     Dk=q.shape[-1], Dv=v.shape[-1])
+    elif op == "multi_head_attention" and "query" in inputs:
+        heads, params = inputs["num_heads"], inputs["params"]
+        facts.update(B=inputs["query"].shape[0], Hq=heads, Hkv=heads, Lq=inputs["query"].shape[1],
+                     Lk=inputs["key"].shape[1], Dk=params["w_q"].shape[1] // heads, Dv=params["w_v"].shape[1] // heads)
+    return facts

@@ -1,0 +1,275 @@
+"""Containment: a hang, a changed input, a result that is not an array, a class that cannot be
+instantiated, each fails what it breaks with its own message; a fault is blamed on what it is."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from conformance import checks, test_dropout, test_fixtures, test_gradients, test_properties
+from conformance.cases import Case
+from conformance.checks import Judge
+from conformance.report import CaseRecord, ConformanceFailure
+from conformance.specdata import fixtures
+from implementations import ImplementationLoadError, load_implementation
+from implementations._registry import from_object
+
+pytestmark = pytest.mark.selfcheck
+
+LIMIT_S = 0.5  # the call time limit of these checks
+
+
+@pytest.fixture
+def short_limit(monkeypatch, kept_records):
+    monkeypatch.setenv(checks.CALL_TIMEOUT_VARIABLE, str(LIMIT_S))
+
+
+def sdpa_case(clauses=("sdpa.definition",), lq=3, lk=5, dk=4, dv=2, hq=1, hkv=1, label=None, seed=7, **options):
+    rng = np.random.default_rng(seed)
+    inputs = {"q": rng.standard_normal((1, hq, lq, dk)), "k": rng.standard_normal((1, hkv, lk, dk)),
+              "v": rng.standard_normal((1, hkv, lk, dv)), **options}
+    return Case("sdpa", inputs, clauses, label or f"Lq{lq} Lk{lk} Dk{dk} Dv{dv}")
+
+
+def failure(judge: Judge, case: Case) -> ConformanceFailure:
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(case)
+    return raised.value
+
+
+# ------------------------------------------------------------------------------ hangs
+def test_the_call_time_limit_default_and_setting(monkeypatch):
+    monkeypatch.delenv(checks.CALL_TIMEOUT_VARIABLE, raising=False)
+    assert checks.call_timeout_s() == checks.DEFAULT_CALL_TIMEOUT_S == 30.0
+    monkeypatch.setenv(checks.CALL_TIMEOUT_VARIABLE, "2.5")
+    assert checks.call_timeout_s() == 2.5
+    for off in ("0", "off"):
+        monkeypatch.setenv(checks.CALL_TIMEOUT_VARIABLE, off)
+        assert checks.call_timeout_s() is None
+
+
+def test_a_hang_fails_its_case_and_later_calls_fail_at_once(short_limit):
+    impl = load_implementation("examples.hanging_attention")
+    judge = Judge(impl, "float64", "cpu")
+    started = time.monotonic()
+    first = failure(judge, sdpa_case(label="the first case"))
+    assert LIMIT_S <= time.monotonic() - started < LIMIT_S + 5
+    assert first.clause == "contract.result-type"
+    assert "hung" in str(first) and "timed out" in str(first) and "the first case" in str(first)
+    assert impl.hung_on[0] == "the first case"
+    started = time.monotonic()
+    later = failure(judge, sdpa_case(lq=2, label="a later case"))
+    assert time.monotonic() - started < LIMIT_S / 2  # not called again: no wait
+    assert "hung earlier on case the first case" in str(later) and "a later case" in str(later)
+
+
+def test_a_correct_call_is_not_slowed_or_changed_by_the_limit(short_limit):
+    judge = Judge(load_implementation("examples.my_attention"), "float64", "cpu")
+    got, _ = judge.check(sdpa_case())
+    assert got.shape == (1, 1, 3, 2)
+
+
+def test_an_exception_of_the_implementation_still_names_its_line(short_limit):
+    judge = Judge(load_implementation("examples.shape_and_nan_attention"), "float32", "cpu")
+    message = str(failure(judge, sdpa_case(mask=np.ones((3, 5), bool))))
+    assert "the implementation raised RuntimeError: masks are not handled" in message
+    assert "shape_and_nan_attention.py:" in message
+
+
+def test_a_property_does_not_shrink_into_a_hang(short_limit):
+    """Hypothesis re-runs a failing example to shrink it: every re-run must fail at once."""
+    impl = load_implementation("examples.hanging_attention")
+    started = time.monotonic()
+    with pytest.raises((ConformanceFailure, checks.HungEarlier)) as raised:
+        test_properties.test_sdpa_matches_oracle(impl=impl, device="cpu", dtype="float64")
+    elapsed = time.monotonic() - started
+    assert "hung" in str(raised.value) and impl.hung_on is not None
+    assert elapsed < LIMIT_S + 5, f"{elapsed:.1f} s: the property waited on the hang more than once, or shrank"
+    # Once hung, a property stops at its first example: no shrinking, no explaining.
+    started = time.monotonic()
+    with pytest.raises(checks.HungEarlier, match="hung earlier on case"):
+        test_properties.test_key_permutation(impl=impl, device="cpu", dtype="float64")
+    assert time.monotonic() - started < 2
+
+
+def test_an_implementation_that_hangs_for_one_shape_only(short_limit):
+    impl = load_implementation("examples.hanging_when_lq3")
+    judge = Judge(impl, "float64", "cpu")
+    judge.check(sdpa_case(lq=2))  # correct where it returns
+    message = str(failure(judge, sdpa_case(lq=3, label="three queries")))
+    assert "hung" in message and "three queries" in message
+    assert "hung earlier on case three queries" in str(failure(judge, sdpa_case(lq=2, label="two queries")))
+
+
+def test_a_hang_in_a_fixture_is_cut(short_limit):
+    impl = load_implementation("examples.hanging_attention")
+    fx = next(f for f in fixtures() if f.op == "sdpa")
+    with pytest.raises(ConformanceFailure, match=rf"(?s)hung.*{fx.id}|{fx.id}.*hung"):
+        test_fixtures.test_fixture(fx, impl, "cpu", "float64")
+
+
+class HangingDropout:
+    NAME = "hanging_dropout"
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0):
+        while True:
+            time.sleep(0.2)
+
+
+def test_a_hang_in_the_dropout_tests_is_cut(short_limit):
+    impl = from_object(HangingDropout, "hanging_dropout", "tests.test_containment:HangingDropout")
+    started = time.monotonic()
+    with pytest.raises((ConformanceFailure, checks.HungEarlier)) as raised:
+        test_dropout.test_dropout_p_zero_is_no_dropout(impl=impl, device="cpu", dtype="float64")
+    assert "hung" in str(raised.value) and time.monotonic() - started < LIMIT_S + 20
+
+
+class HangingTorch:
+    NAME = "hanging_torch"
+    ARRAY = "torch"
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        while True:
+            time.sleep(0.2)
+
+
+def test_a_hang_in_the_gradient_tests_is_cut(short_limit):
+    pytest.importorskip("torch")
+    impl = from_object(HangingTorch, "hanging_torch", "tests.test_containment:HangingTorch")
+    started = time.monotonic()
+    with pytest.raises((ConformanceFailure, checks.HungEarlier)) as raised:
+        test_gradients.test_sdpa_gradients(impl=impl, device="cpu", dtype="float64")
+    assert "hung" in str(raised.value) and time.monotonic() - started < LIMIT_S + 20
+
+
+# ---------------------------------------------------------------------- mutated inputs
+def test_an_input_changed_in_place_is_its_own_violation(kept_records):
+    judge = Judge(load_implementation("examples.mutating_attention"), "float64", "cpu")
+    case = sdpa_case()
+    inputs = case.rounded("float64")
+    kept = inputs["q"].copy()
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.run(case, inputs)
+    assert raised.value.clause == "contract.inputs-unchanged"
+    assert "mutated input q" in str(raised.value)
+    assert np.array_equal(inputs["q"], kept)  # the judge's (and the oracle's) inputs are intact
+
+
+class TorchScalesKInPlace:
+    NAME = "torch_scales_k_in_place"
+    ARRAY = "torch"
+    DTYPES = ("float32", "bfloat16")
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        import torch
+
+        k.mul_(0.5)  # in place, on the tensor the suite handed over
+        return torch.nn.functional.scaled_dot_product_attention(q, k * 2, v, scale=scale)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # shared memory with the copy; a converted tensor
+def test_a_framework_tensor_changed_in_place_is_seen(dtype, kept_records):
+    pytest.importorskip("torch")
+    impl = from_object(TorchScalesKInPlace, "t", "tests.test_containment:TorchScalesKInPlace")
+    with pytest.raises(ConformanceFailure, match="mutated input k"):
+        Judge(impl, dtype, "cpu").check(sdpa_case())
+
+
+def test_mha_params_are_protected_too(kept_records):
+    class ScalesWq:
+        @staticmethod
+        def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+            params["w_q"] *= 2.0
+            return np.zeros(query.shape[:2] + (params["w_o"].shape[1],), query.dtype)
+
+    rng = np.random.default_rng(0)
+    params = {"w_q": rng.standard_normal((4, 4)), "w_k": rng.standard_normal((4, 4)),
+              "w_v": rng.standard_normal((4, 4)), "w_o": rng.standard_normal((4, 4))}
+    case = Case("multi_head_attention", {"query": rng.standard_normal((1, 3, 4)), "key": rng.standard_normal((1, 3, 4)),
+                                         "value": rng.standard_normal((1, 3, 4)), "params": params, "num_heads": 2},
+                ("mha.projections",), "mha")
+    judge = Judge(from_object(ScalesWq, "scales_wq", "x:ScalesWq"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure, match=r"mutated input params\.w_q"):
+        judge.check(case)
+
+
+# ------------------------------------------------------------------ the result's type
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("mask, words", [
+    (None, "returned list, expected an array of shape (1, 1, 3, 2)"),
+    (np.ones((3, 5), bool), "returned None, expected an array of shape (1, 1, 3, 2)"),
+    (np.zeros((3, 5)), "returned float, expected an array of shape (1, 1, 3, 2)"),
+])
+def test_a_result_that_is_not_an_array_is_named_before_any_conversion(mask, words, dtype, kept_records):
+    judge = Judge(load_implementation("examples.wrong_result_types"), dtype, "cpu")
+    found = failure(judge, sdpa_case(mask=mask) if mask is not None else sdpa_case())
+    assert found.clause == "contract.result-type"
+    assert words in str(found)
+
+
+# ---------------------------------------------------------------------------- loading
+def test_a_class_whose_constructor_needs_arguments_is_a_load_error():
+    with pytest.raises(ImplementationLoadError) as raised:
+        load_implementation("examples.needs_arguments:Attention")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "cannot instantiate class Attention" in message and "causal_by_default" in message
+    assert "pass an instance" in message and "examples.needs_arguments:instance" in message
+    assert load_implementation("examples.needs_arguments:attention").implements("softmax")
+
+
+def test_a_class_of_static_methods_still_works(kept_records):
+    class Static:
+        @staticmethod
+        def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+            from examples.my_attention import sdpa
+
+            return sdpa(q, k, v, mask, is_causal, scale)
+
+    impl = from_object(Static, "static", "x:Static")
+    Judge(impl, "float64", "cpu").check(sdpa_case())
+
+
+# ------------------------------------------------------------------------ attribution
+@pytest.mark.parametrize("spec, case, expected", [
+    # A default scale from Dv, in a case drawn for the bool mask: the scale is at fault.
+    ("examples.default_scale_from_dv", sdpa_case(("mask.bool-true-attends",), mask=np.tri(3, 5, dtype=bool)),
+     "sdpa.scale-default"),
+    # A causal off-by-one in a case drawn for large inputs: causal is at fault.
+    ("zoo.broken_causal_plus_one", sdpa_case(("softmax.large-inputs", "sdpa.finite"), lq=4, lk=4, dv=4,
+                                             is_causal=True), "causal.top-left"),
+    # An output buffer like q (raises for Dv > Dk) in a case drawn for the mask: the value dim is at fault.
+    ("zoo.broken_value_dim_like_q", sdpa_case(("mask.bool-true-attends",), dv=6, mask=np.tri(3, 5, dtype=bool)),
+     "sdpa.value-dim"),
+    # Grouped kv heads tiled instead of repeated, in a case drawn for the definition.
+    ("zoo.broken_gqa_tile", sdpa_case(("sdpa.definition",), hq=4, hkv=2, dv=4), "sdpa.gqa-mapping"),
+    # A fault no feature explains stays with the clause the case was drawn for.
+    ("zoo.broken_sdpa_softmax_axis", sdpa_case(("mask.bool-true-attends",), mask=np.tri(3, 5, dtype=bool)),
+     "mask.bool-true-attends"),
+    # The feature the test is about is never taken out: causal in a causal case stays causal.
+    ("zoo.broken_causal_plus_one", sdpa_case(("causal.top-left",), lq=4, lk=4, is_causal=True), "causal.top-left"),
+])
+def test_a_fault_is_blamed_on_the_feature_at_fault(spec, case, expected, kept_records):
+    found = failure(Judge(load_implementation(spec), "float64", "cpu"), case)
+    assert found.clause == expected, str(found)
+    assert f"[{expected}]" in str(found)
+
+
+def test_a_correct_implementation_is_never_diagnosed(kept_records):
+    judge = Judge(load_implementation("examples.my_attention"), "float64", "cpu")
+    judge.check(sdpa_case(("softmax.large-inputs",), is_causal=True, mask=np.tri(3, 5, dtype=bool)))
+
+
+def test_breaks_lead_with_the_clause_failed_on_the_smallest_case():
+    def rec(clause, shape, status="failed"):
+        return CaseRecord(test="t", implementation="impl", clause=clause, case="c", op="sdpa", dtype="float64",
+                          device="cpu", status=status, shapes={"q": list(shape)})
+
+    records = [rec("sdpa.definition", (2, 2, 8, 8)), rec("causal.top-left", (1, 1, 2, 2)),
+               rec("causal.top-left", (1, 1, 4, 4)), rec("mask.broadcast", (1, 1, 1, 1), status="passed"),
+               rec("softmax.large-inputs", (1, 1, 3, 3))]
+    assert checks.breaks_order(records) == {"impl": ["causal.top-left", "softmax.large-inputs", "sdpa.definition"]}

@@ -1,0 +1,145 @@
+"""The declared region (SUPPORTS), TF32 declarations, device names, and the coverage rule."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from conformance import tolerances
+from conformance.strategies import KERNEL_SCORE_BUDGET, drawing_inside, sdpa_cases
+from implementations import ImplementationLoadError
+from implementations._region import RegionError, parse_region, shape_facts
+from implementations._registry import from_object
+
+from .test_cli import pytest_run
+
+pytestmark = pytest.mark.selfcheck
+
+FLASH_LIKE = {"head_dims": {"min": 16, "max": 256, "multiple": 8}, "value_head_dim": "same", "masks": ["none", "bool"],
+              "gqa": True, "max_group": 4}
+
+
+def facts(**shape):
+    base = {"op": "sdpa", "mask_kind": "none", "is_causal": False, "B": 1, "Hq": 2, "Hkv": 2, "Lq": 9, "Lk": 9,
+            "Dk": 64, "Dv": 64}
+    return {**base, **shape}
+
+
+def test_a_region_says_why_a_case_is_outside():
+    region = parse_region(FLASH_LIKE)
+    assert region.why_outside(facts()) is None
+    assert "head dim Dk 12" in region.why_outside(facts(Dk=12, Dv=12))
+    assert "Dv 32 != Dk 64" in region.why_outside(facts(Dv=32))
+    assert "float mask" in region.why_outside(facts(mask_kind="float"))
+    assert "Hq/Hkv = 8 > declared max_group 4" in region.why_outside(facts(Hq=16, Hkv=2))
+    assert region.why_outside({"op": "softmax"}) is None
+    assert not region.takes_small_shapes()
+    everything = parse_region(None)
+    assert everything.why_outside(facts(Dk=1, Dv=3, Lq=1, Lk=1)) is None and everything.takes_small_shapes()
+
+
+def test_supports_callable_adds_its_own_reason():
+    region = parse_region({}, check=lambda f: "decode only" if f["Lq"] != 1 else None)
+    assert region.why_outside(facts(Lq=1)) is None
+    assert "decode only" in region.why_outside(facts(Lq=3))
+
+
+@pytest.mark.parametrize("declared, words", [
+    ({"head_dim": [64]}, "unknown keys ['head_dim']"),
+    ({"head_dims": {"min": 0}}, "min >= 1"),
+    ({"head_dims": {"min": 20, "max": 23, "multiple": 8}}, "admits no value"),
+    ({"masks": ["boolean"]}, "masks"),
+    ({"value_head_dim": "equal"}, "'same' or 'any'"),
+    ({"gqa": "yes"}, "True or False"),
+])
+def test_a_bad_region_is_a_load_error_naming_the_key(declared, words):
+    with pytest.raises(RegionError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        parse_region(declared)
+
+    class Impl:
+        SUPPORTS = declared
+
+        @staticmethod
+        def sdpa(q, k, v):
+            return q
+
+    with pytest.raises(ImplementationLoadError, match="SUPPORTS"):
+        from_object(Impl, "impl", "mod:Impl")
+
+
+@pytest.mark.parametrize("attribute, value, words", [
+    ("DEVICES", ("gpu",), "DEVICES names unknown devices ['gpu']"),
+    ("DTYPES", {"gpu": ("float16",)}, "DTYPES names unknown devices ['gpu']"),
+    ("FLOAT32_MATMUL", "tf-32", "FLOAT32_MATMUL"),
+])
+def test_device_names_and_matmul_modes_are_checked_at_load(attribute, value, words):
+    impl = type("Impl", (), {attribute: value, "sdpa": staticmethod(lambda q, k, v: q)})
+    with pytest.raises(ImplementationLoadError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        from_object(impl, "impl", "mod:Impl")
+
+
+def test_shape_facts_of_mha_are_per_head():
+    params = {"w_q": np.zeros((8, 6)), "w_k": np.zeros((5, 6)), "w_v": np.zeros((5, 9)), "w_o": np.zeros((9, 8))}
+    got = shape_facts("multi_head_attention", {"query": np.zeros((2, 4, 8)), "key": np.zeros((2, 7, 5)),
+                                               "value": np.zeros((2, 7, 5)), "params": params, "num_heads": 3})
+    assert (got["Dk"], got["Dv"], got["Lq"], got["Lk"], got["Hq"]) == (2, 3, 4, 7, 3)
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=sdpa_cases(mask_kinds=("none", "bool-full", "key-padding", "float")))
+def _draw_flash_like(case):
+    q, k, v = (case.inputs[name] for name in "qkv")
+    found = facts(Dk=q.shape[-1], Dv=v.shape[-1], Lq=q.shape[-2], Lk=k.shape[-2], Hq=q.shape[1], Hkv=k.shape[1],
+                  mask_kind=shape_facts("sdpa", case.inputs)["mask_kind"])
+    assert parse_region(FLASH_LIKE).why_outside(found) is None, case
+    assert q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= KERNEL_SCORE_BUDGET
+
+
+def test_generated_cases_lie_inside_the_region_and_the_score_budget():
+    with drawing_inside(parse_region(FLASH_LIKE)):
+        _draw_flash_like()
+
+
+def test_tf32_widens_float32_by_the_input_rounding_only():
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 2, 5, 64)), rng.standard_normal((1, 2, 7, 64)), rng.standard_normal((1, 2, 7, 64))
+    ieee = tolerances.sdpa_allowed(q, k, v, None, False, None, "float32")
+    tf32 = tolerances.sdpa_allowed(q, k, v, None, False, None, "float32", tf32=True)
+    half = tolerances.sdpa_allowed(q, k, v, None, False, None, "float16")
+    assert (tf32 > 1000 * ieee).all()  # 2^-11 against 2^-24: a TF32 path fails the float32 model
+    assert (tf32 < 2 * half).all()  # and gets no more room than a computation in float16
+
+
+UNSUPPORTED_EVERYWHERE = textwrap.dedent('''
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        raise NotImplementedError("this build has a kernel for no shape")
+''')
+
+
+def test_an_implementation_judged_on_nothing_fails_the_run(tmp_path):
+    (tmp_path / "never_judged.py").write_text(UNSUPPORTED_EVERYWHERE)
+    env = {"PYTHONPATH": str(tmp_path)}
+    done = pytest_run("conformance/test_properties.py", "--impl", "never_judged", "-k", "default_scale", env=env)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "COVERAGE: never_judged: 0 sdpa case(s) judged" in done.stdout
+    allowed = pytest_run("conformance/test_properties.py", "--impl", "never_judged", "-k", "default_scale",
+                         "--allow-unjudged", env=env)
+    assert allowed.returncode == 0 and "COVERAGE:" in allowed.stdout, allowed.stdout[-2000:]
+
+
+@pytest.mark.parametrize("option, words", [
+    (("--device", "cuda"), "--device cuda selects none of the devices it runs on"),
+    (("--dtype", "float16"), "no case could run in this run"),
+])
+def test_a_named_implementation_that_could_run_nothing_fails_the_run(option, words):
+    done = pytest_run("conformance/test_properties.py", "--impl", "examples.my_attention", "-k", "default_scale",
+                      *option)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert words in done.stdout
+
+
+def test_a_judged_run_passes_the_coverage_rule():
+    done = pytest_run("conformance/test_properties.py", "--impl", "examples.my_attention", "-k", "default_scale")
+    assert done.returncode == 0 and "COVERAGE" not in done.stdout, done.stdout[-2000:]
