@@ -30,8 +30,8 @@ MASK_KINDS = ("none", "bool-full", "bool-2d", "key-padding", "per-head", "bool-q
               "bool-3d-shared", "float", "float-large", "float-3d")
 # Lengths and head widths one short of, at and one past the tile sizes blocked kernels use
 # (flash-attention's own tests sweep such pairs: seqlens (113, 203), (1023, 1024), widths 59, 111):
-# a partial last tile that is dropped, read twice or masked wrongly shows only here, since
-# every other generated length stays below 8.
+# a partial last tile that is dropped, read twice or masked wrongly shows here (and in the
+# kernel-shaped cases below; the small ones stay below 8).
 TILE_SIZES = (8, 16, 32, 64, 128)
 TILE_EDGE_LENGTHS = st.sampled_from(sorted({t + d for t in TILE_SIZES for d in (-1, 0, 1)})) | st.integers(1, 130)
 TILE_EDGE_DIMS = st.sampled_from([7, 8, 9, 15, 16, 17, 31, 33]) | st.integers(1, MAX_DIM)

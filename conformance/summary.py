@@ -195,7 +195,7 @@ def _commit() -> str | None:
 
 
 def build_report(config, exitstatus) -> dict:
-    from . import agreement, plugin
+    from . import agreement, coverage, plugin
 
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
@@ -204,6 +204,7 @@ def build_report(config, exitstatus) -> dict:
         "environment": environment(),
         "implementations": [impl.describe() for impl in plugin.implementations(config)],
         "summary": implementation_summary(),
+        "coverage": config.stash.get(coverage.PROBLEMS_KEY, []),
         "cases": _case_dicts(checks.RECORDS),
         "agreement": agreement.matrix(),
     }

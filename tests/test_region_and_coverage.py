@@ -1,6 +1,7 @@
 """The declared region (SUPPORTS), TF32 declarations, device names, and the coverage rule."""
 from __future__ import annotations
 
+import json
 import textwrap
 
 import numpy as np
@@ -121,9 +122,14 @@ UNSUPPORTED_EVERYWHERE = textwrap.dedent('''
 def test_an_implementation_judged_on_nothing_fails_the_run(tmp_path):
     (tmp_path / "never_judged.py").write_text(UNSUPPORTED_EVERYWHERE)
     env = {"PYTHONPATH": str(tmp_path)}
-    done = pytest_run("conformance/test_properties.py", "--impl", "never_judged", "-k", "default_scale", env=env)
+    report = tmp_path / "report.json"
+    done = pytest_run("conformance/test_properties.py", "--impl", "never_judged", "-k", "default_scale",
+                      "--conformance-report", str(report), env=env)
     assert done.returncode == 1, done.stdout[-2000:]
     assert "COVERAGE: never_judged: 0 sdpa case(s) judged" in done.stdout
+    written = json.loads(report.read_text())
+    assert written["exit_status"] == 1
+    assert any(line.startswith("never_judged: 0 sdpa case(s) judged") for line in written["coverage"])
     allowed = pytest_run("conformance/test_properties.py", "--impl", "never_judged", "-k", "default_scale",
                          "--allow-unjudged", env=env)
     assert allowed.returncode == 0 and "COVERAGE:" in allowed.stdout, allowed.stdout[-2000:]

@@ -1,0 +1,86 @@
+"""The CUDA-only built-ins' adapters, run on the CPU: what they pass the kernel is the contract's semantics.
+
+The kernels themselves need a GPU, but each adapter's mapping (masks to flex's mask_mod
+and score_mod, causal bands, GQA, the scale, Pallas's repeated kv heads and x64-off
+tracing) can be exercised here: flex_attention runs eagerly on a CPU, and Pallas
+kernels run in interpret mode. A wrong mapping fails here, before any GPU sees it.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import pytest
+
+from conformance import oracle, tolerances
+
+pytestmark = pytest.mark.selfcheck
+
+rng = np.random.default_rng(20261123)
+
+
+def make_case(b, hq, hkv, lq, lk, d, dv, mask=None):
+    q, k, v = (rng.standard_normal(shape).astype(np.float32)
+               for shape in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, dv)))
+    m = None
+    if mask == "bool":
+        m = rng.random((b, 1, lq, lk)) < 0.6
+        m[..., 0] = True
+    elif mask == "float":
+        m = rng.standard_normal((1, hq, lq, lk)).astype(np.float32)
+        m[..., 1] = -np.inf
+    elif mask == "rank3":
+        m = rng.random((hq, lq, lk)) < 0.6
+        m[..., 0] = True
+    elif mask == "fully-masked":
+        m = np.ones((b, hq, lq, lk), bool)
+        m[:, :, -1] = False
+    return q, k, v, m
+
+
+def assert_within_float32_allowance(got, q, k, v, mask, is_causal, scale):
+    want = oracle.sdpa(q, k, v, mask, is_causal, scale)
+    allowed = tolerances.sdpa_allowed(q, k, v, mask, is_causal, scale, "float32")
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= allowed), float(np.max(np.abs(got - want) - allowed))
+
+
+@pytest.mark.parametrize("shape, mask, is_causal, scale", [
+    ((1, 2, 2, 9, 13, 16, 16), None, False, None),
+    ((2, 4, 2, 9, 13, 32, 16), "bool", True, None),  # GQA, Dv != Dk, a key-padding-like mask with the causal band
+    ((1, 2, 1, 9, 9, 16, 16), "float", False, -0.3),  # an additive mask with -inf, a negative scale
+    ((1, 2, 2, 5, 3, 16, 16), None, True, None),  # causal with Lq > Lk: top-left
+    ((2, 2, 2, 6, 7, 16, 16), "rank3", False, 0.0),  # a rank-3 mask, per head; scale 0
+    ((1, 2, 2, 5, 5, 16, 16), "fully-masked", False, None),  # a row with no key: zeros
+], ids=["plain", "gqa-bool-causal", "float-negative-scale", "causal-lq-gt-lk", "rank3-scale0", "fully-masked"])
+def test_flex_adapter_maps_the_contract_onto_mask_mod_and_score_mod(monkeypatch, shape, mask, is_causal, scale):
+    torch = pytest.importorskip("torch")
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    from implementations.builtin import TorchFlexAttention
+
+    monkeypatch.setattr(TorchFlexAttention, "_compiled", flex.flex_attention)  # eager: runs on the CPU
+    q, k, v, m = make_case(*shape, mask=mask)
+    as_torch = (lambda a: None if a is None else torch.from_numpy(a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex_attention warns that it runs uncompiled: expected here
+        got = TorchFlexAttention.sdpa(as_torch(q), as_torch(k), as_torch(v), as_torch(m), is_causal, scale)
+    assert_within_float32_allowance(got.numpy(), q, k, v, m, is_causal, scale)
+
+
+@pytest.mark.parametrize("is_causal, hq, hkv, scale", [(False, 2, 2, None), (True, 4, 2, -0.3)],
+                         ids=["plain", "gqa-causal-negative-scale"])
+def test_pallas_adapter_repeats_kv_heads_and_traces_causal_without_x64(monkeypatch, is_causal, hq, hkv, scale):
+    pytest.importorskip("jax")
+    try:
+        from jax.experimental.pallas.ops.gpu import attention
+    except Exception as exc:  # noqa: BLE001 -- this JAX ships no Pallas GPU ops
+        pytest.skip(f"jax.experimental.pallas.ops.gpu.attention is not importable: {exc}")
+    from implementations._arrays import ARRAY_KINDS
+    from implementations.builtin import JaxPallasFlashAttention
+
+    ARRAY_KINDS["jax"].devices()  # the suite enables x64 for JAX implementations; the adapter must cope
+    monkeypatch.setattr(attention, "mha", functools.partial(attention.mha, interpret=True))
+    q, k, v, _ = make_case(1, hq, hkv, 128, 128, 16, 16)
+    got = JaxPallasFlashAttention.sdpa(q, k, v, is_causal=is_causal, scale=scale)
+    assert_within_float32_allowance(np.asarray(got), q, k, v, None, is_causal, scale)
+
