@@ -1,16 +1,27 @@
-"""Measure how much of the tolerance model's allowance the built-ins use.
+"""Measure how much of the tolerance model's allowance implementations use.
 
 For every built-in (CPU) and declared dtype, draws generated sdpa, softmax and
 multi_head_attention cases (the same strategies as the suite), and records
-error / allowed at the worst element. The constants in spec/tolerances.yaml are
-right when the largest ratio stays well under 1 for correct implementations (the
-safety factor is the headroom) and far above 1 for broken ones.
+error / allowed at the worst element of each case. The constants in
+spec/tolerances.yaml are right when the largest ratio stays well under 1 for
+correct implementations (at most 0.5: the safety factor is the headroom) and
+above 1 for broken ones.
 
-    python benchmarks/tolerance_calibration.py [--examples 200]
+sdpa is measured twice: on the suite's small cases and on kernel-shaped ones
+(head dims 16..256, lengths up to 2048, drawn as for a flash-like kernel's
+declared region). For an implementation that declares a region (SUPPORTS), all
+cases are drawn inside it. Printed per implementation, dtype and operation:
+the median and the largest ratio over the cases, and for sdpa the share of
+output rows whose allowance reaches the row's own largest |exact output| (such
+a row would accept zeros), over the rows with Dk >= 64 where there are any.
+
+    python benchmarks/tolerance_calibration.py [--examples 60] [--impl zoo.kernel_correct ...] [--dtype float16]
+    python benchmarks/tolerance_calibration.py --precision-zoo   # the zoo's precision_* and correct 16-bit members
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -22,16 +33,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from conformance import checks, strategies  # noqa: E402
+from conformance.strategies import drawing_inside  # noqa: E402
 from implementations import builtin_implementations, load_implementation  # noqa: E402
+from implementations._region import parse_region  # noqa: E402
+
+# The region a flash-like kernel declares (zoo/kernel_correct.py): kernel-shaped cases only.
+KERNEL_REGION = {"head_dims": {"min": 16, "max": 256, "multiple": 8}}
+PRECISION_ZOO = ("zoo.kernel_correct", "zoo.correct_flash_blockwise", "zoo.correct_torch", "zoo.correct_loop",
+                 "zoo.correct_logsumexp", "zoo.correct_reference", "zoo.precision_fp16_as_bf16",
+                 "zoo.precision_bf16_pv_accumulate", "zoo.precision_bf16_zeros_large_head",
+                 "zoo.precision_bf16_exp2_no_log2e")
 
 
-def worst_ratio(impl, dtype, strategy, examples: int) -> float:
-    ratios = []
+def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None = None) -> dict:
+    """{'ratios': [per case], 'rows': rows measured, 'zero_rows': rows whose allowance >= max |exact|,
+    'rows64'/'zero_rows64': the same for Dk >= 64}."""
+    found = {"ratios": [], "rows": 0, "zero_rows": 0, "rows64": 0, "zero_rows64": 0}
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=seed is None,
               suppress_health_check=list(HealthCheck))
     @given(case=strategy)
-    def measure(case):
+    def run(case):
         inputs = case.rounded(dtype)
         if impl.unsupported_reason(case.op, inputs, dtype, "cpu"):
             return
@@ -44,33 +66,80 @@ def worst_ratio(impl, dtype, strategy, examples: int) -> float:
         allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy), want.shape)
         finite = np.isfinite(want) & (allowed > 0)
         if finite.any():
-            ratios.append(float(np.max(np.abs(got - want)[finite] / allowed[finite])))
+            with np.errstate(invalid="ignore"):
+                error = np.where(np.isfinite(got), np.abs(got - want), np.inf)
+            found["ratios"].append(float(np.max(error[finite] / allowed[finite])))
+        if case.op == "sdpa":
+            top = np.max(np.abs(np.nan_to_num(want)), axis=-1)
+            room = np.max(allowed, axis=-1)
+            live = top > 0
+            zero = live & (room >= top)
+            found["rows"] += int(live.sum())
+            found["zero_rows"] += int(zero.sum())
+            if case.inputs["q"].shape[-1] >= 64:
+                found["rows64"] += int(live.sum())
+                found["zero_rows64"] += int(zero.sum())
 
-    measure()
-    return max(ratios) if ratios else float("nan")
+    declared = impl.region if impl.region.declared else None
+    if declared is not None or region is not None:
+        with drawing_inside(declared if declared is not None else parse_region(region)):
+            run()
+    else:
+        run()
+    return found
+
+
+def summary(found: dict) -> str:
+    r = found["ratios"]
+    if not r:
+        return "-"
+    text = f"{statistics.median(r):.3g}/{max(r):.3g} (n={len(r)})"
+    if found["rows"]:
+        rows, zero = (found["rows64"], found["zero_rows64"]) if found["rows64"] else (found["rows"], found["zero_rows"])
+        text += f" z{'64' if found['rows64'] else ''}={zero / rows:.3f}"
+    return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=200)
+    parser.add_argument("--examples", type=int, default=60)
     parser.add_argument("--impl", action="append", help="module[:attr] to measure instead of the built-ins")
+    parser.add_argument("--precision-zoo", action="store_true", help="measure the zoo's 16-bit members")
+    parser.add_argument("--dtype", action="append", help="only these dtypes")
+    parser.add_argument("--ops", default="sdpa,sdpa-kernel,softmax,multi_head_attention")
+    parser.add_argument("--seed", type=int, default=None, help="draw at random from this seed (default derandomized)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    impls = [load_implementation(s) for s in args.impl] if args.impl else builtin_implementations()
+    if args.seed is not None:
+        import random
+
+        random.seed(args.seed)
+    specs = list(args.impl or []) + (list(PRECISION_ZOO) if args.precision_zoo else [])
+    impls = [load_implementation(s) for s in specs] if specs else builtin_implementations()
     ops = {
-        "sdpa": strategies.sdpa_cases(allow_empty_rows=True),
-        "softmax": strategies.softmax_cases(),
-        "multi_head_attention": strategies.mha_cases(),
+        "sdpa": ("sdpa", strategies.sdpa_cases(allow_empty_rows=True), None),
+        "sdpa-kernel": ("sdpa", strategies.sdpa_cases(allow_empty_rows=True), KERNEL_REGION),
+        "softmax": ("softmax", strategies.softmax_cases(), None),
+        "multi_head_attention": ("multi_head_attention", strategies.mha_cases(), None),
     }
-    print(f"{'implementation':<22}{'dtype':<10}" + "".join(f"{op:>22}" for op in ops))
+    ops = {name: ops[name] for name in args.ops.split(",")}
+    print("median/max of error / allowed over the cases; z: share of sdpa rows whose allowance reaches the row's "
+          "largest |exact output| (z64: rows with Dk >= 64)")
+    print(f"{'implementation':<34}{'dtype':<10}" + "".join(f"{op:>34}" for op in ops))
     for impl in impls:
         if impl.skip_reason or "cpu" not in impl.devices():
             continue
         for dtype in impl.dtypes_on("cpu"):
+            if args.dtype and dtype not in args.dtype:
+                continue
             row = []
-            for op, strategy in ops.items():
-                row.append(worst_ratio(impl, dtype, strategy, args.examples) if impl.implements(op) else float("nan"))
-            print(f"{impl.name:<22}{dtype:<10}" + "".join(f"{r:>22.3g}" for r in row), flush=True)
+            for op, strategy, region in ops.values():
+                if not impl.implements(op):
+                    row.append("-")
+                    continue
+                # A member with a declared region draws inside it anyway.
+                row.append(summary(measure(impl, dtype, strategy, args.examples, region, args.seed)))
+            print(f"{impl.name:<34}{dtype:<10}" + "".join(f"{r:>34}" for r in row), flush=True)
 
 
 if __name__ == "__main__":

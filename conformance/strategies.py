@@ -83,8 +83,14 @@ def _mask_class(kind: str) -> str:
     return "none" if kind == "none" else ("float" if kind.startswith("float") else "bool")
 
 
-def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bool, lengths) -> tuple[int, int]:
-    """(Lq, Lk) for a kernel-shaped case: decode, prefill or cross, crossing tile edges, within budget."""
+def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bool, lengths,
+                    is_causal: bool = False) -> tuple[int, int]:
+    """(Lq, Lk) for a kernel-shaped case: decode, prefill or cross, crossing tile edges, within budget.
+
+    Under the (top-left) causal band query i sees keys 0..i only, so a causal decode case
+    would test v[0] alone and a short query block would never reach the last key tile:
+    causal cases are prefill, or cross with Lq >= Lk.
+    """
     candidates = region.lengths.members(KERNEL_SMALL_LENGTHS + KERNEL_EDGE_LENGTHS)
     if not candidates:
         top = region.lengths.max or 2048
@@ -93,7 +99,8 @@ def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bo
         lq = draw(lengths.filter(region.lengths.contains), label="Lq")
         lk = lq if same_lengths else draw(lengths.filter(region.lengths.contains), label="Lk")
         return lq, lk
-    mode = "prefill" if same_lengths else draw(st.sampled_from(KERNEL_QUERY_MODES), label="query mode")
+    modes = ("prefill", "cross") if is_causal else KERNEL_QUERY_MODES
+    mode = "prefill" if same_lengths else draw(st.sampled_from(modes), label="query mode")
     fitting = [n for n in candidates if n * n <= budget_per_pair] or candidates[:1]
     if mode == "prefill":
         n = draw(st.sampled_from(fitting), label="Lq = Lk")
@@ -106,7 +113,8 @@ def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bo
     queries = [n for n in candidates if n * candidates[0] <= budget_per_pair] or candidates[:1]
     lq = draw(st.sampled_from(queries), label="Lq")
     keys = [n for n in candidates if lq * n <= budget_per_pair] or candidates[:1]
-    return lq, draw(st.sampled_from(keys), label="Lk")
+    lk = draw(st.sampled_from(keys), label="Lk")
+    return (max(lq, lk), min(lq, lk)) if is_causal else (lq, lk)
 
 
 SCALES = st.one_of(
@@ -196,8 +204,11 @@ def sdpa_cases(
             _outside_region(f"Hq/Hkv = {group} (declared gqa: {region.gqa}, max_group: {region.max_group})")
         group = 1 if not region.gqa else min(group, region.max_group)
     hq = hkv * group
+    is_causal = draw(causal, label="is_causal")
+    if is_causal and not region.causal:
+        _outside_region("is_causal=True (declared causal: False)")
     if kernel:
-        lq, lk = _kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths)
+        lq, lk = _kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths, is_causal)
         head_dims = region.head_dims.members(KERNEL_HEAD_DIMS) or [region.head_dims.min]
         dk = draw(st.sampled_from(head_dims), label="Dk")
         dv_choices = head_dims
@@ -213,9 +224,6 @@ def sdpa_cases(
         dv = dk
     else:
         dv = draw(st.sampled_from(dv_choices) if dv_choices else dims.filter(region.head_dims.contains), label="Dv")
-    is_causal = draw(causal, label="is_causal")
-    if is_causal and not region.causal:
-        _outside_region("is_causal=True (declared causal: False)")
     kind = draw(st.sampled_from(kinds), label="mask")
     sigma_name = draw(st.sampled_from(sigmas), label="score magnitude")
     chosen_scale = draw(scale, label="scale")

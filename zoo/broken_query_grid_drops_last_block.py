@@ -1,5 +1,4 @@
 """Broken: the query grid covers whole blocks of 128 only, so rows past the last full block stay zero."""
-import numpy as np
 
 from zoo import _reference as ref
 
