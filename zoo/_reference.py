@@ -19,7 +19,17 @@ import math
 
 import numpy as np
 
+# The sdpa clauses whose properties compare values with the oracle: a defect that shows on some shapes only
+# (a decode path, a query grid) is caught by whichever property draws such a shape first.
+SDPA_VALUE_CLAUSES = frozenset({
+    "sdpa.definition", "sdpa.any-length", "sdpa.scale-default", "sdpa.scale-explicit", "sdpa.cross-attention",
+    "sdpa.value-dim", "sdpa.gqa-mapping", "mask.bool-true-attends", "mask.float-additive", "mask.broadcast",
+    "causal.top-left", "softmax.large-inputs", "sdpa.convex-combination", "mask.before-softmax",
+    "softmax.shift-invariance", "sdpa.key-permutation-invariance", "sdpa.batch-head-independence",
+    "causal.bottom-right-explicit", "causal.first-row", "mask.fully-masked-row"})
+
 __all__ = [
+    "SDPA_VALUE_CLAUSES",
     "softmax", "sdpa", "multi_head_attention",
     "as64", "masked_softmax", "masked_softmax64", "default_scale", "expand_kv",
     "causal_keep", "causal_bias", "mask_bias", "build_bias", "attention64",
