@@ -104,9 +104,42 @@ def terminal_summary(tr, config) -> None:
     # filed under the clause at fault, not the one its case was drawn for.
     for name, clause_ids in sorted(checks.breaks_order(checks.RECORDS).items()):
         tr.write_line(f"{name} breaks: {', '.join(clause_ids)}")
+    skipped_lines(tr)
     from . import agreement
 
-    agreement.terminal_summary(tr)
+    pairs = len(agreement.matrix())
+    if pairs:
+        tr.write_line(f"cross-backend agreement ({pairs} pairs of implementations on shared cases, in ULPs): "
+                      "in the report's agreement matrix (--conformance-report)")
+    path = config.getoption("conformance_report", None)
+    if path:
+        tr.write_line(f"conformance report: {path} and {Path(path).with_suffix('').with_suffix('.html')}")
+
+
+def skipped_lines(tr) -> None:
+    """pytest items skipped, one line per reason with its count (pyproject's -r leaves them out: on a machine
+    without a GPU every test of every CUDA-capable implementation would be a line of its own)."""
+    reasons: Counter = Counter()
+    absent: dict[str, set[str]] = defaultdict(set)  # device -> implementations it is absent for
+    for report in tr.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        device = ABSENT_DEVICE.fullmatch(reason)
+        if device:
+            absent[device["device"]].add(device["impl"])
+            reason = f"{device['device']} is not available on this machine"
+        reasons[reason] += 1
+    if reasons:
+        tr.write_line(f"pytest items skipped ({sum(reasons.values())}), by reason:")
+        for reason, count in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
+            device = reason.split(" ", 1)[0]
+            names = f" ({', '.join(sorted(absent[device]))})" if reason.endswith("not available on this machine") else ""
+            tr.write_line(f"  {count:>4} x {reason[:150]}{names}")
+
+
+# plugin.absent_device_reason's wording
+ABSENT_DEVICE = re.compile(r"(?P<device>\w+) is not available to (?P<impl>\S+) \(\w+\) on this machine")
 
 
 def _framework_versions() -> dict[str, str | None]:
