@@ -23,8 +23,10 @@ kv head, so k and v are never repeated either. With is_causal, a block skips the
 keys after its last row (their weights are exactly 0).
 
 The formulas are the ones of ``oracle`` and ``tolerances._sdpa_terms`` /
-``tolerances.sdpa_allowed``, written out per block; tests/test_oracle_blocked.py
-checks that both agree on many small shapes.
+``tolerances.sdpa_allowed``, written out per block; for float16 and bfloat16 the
+per-element 16-bit model is ``tolerances.sdpa_allowed`` itself, called on each
+block's query rows with the block's bias. tests/test_oracle_blocked.py checks that
+both agree on many small shapes.
 """
 from __future__ import annotations
 
@@ -235,6 +237,18 @@ def _block_allowed(p: _Problem, blk: _Block, ctx: _AllowedContext, policy: str) 
     return np.where(blk.empty, 0.0, allowed)
 
 
+def _block_allowed16(p: _Problem, rows: slice, dtype: str, policy: str) -> np.ndarray:
+    """``tolerances.sdpa_allowed`` for a 16-bit dtype at the block's rows, (B, Hq, n, Dv).
+
+    The 16-bit model (spec/tolerances.yaml, sixteen_bit) is per output element but still row-local:
+    it is evaluated on the block's query rows against all keys, with the block's rows of the bias
+    (mask and causal band at the global row indices) passed as an additive float mask. It holds a
+    few (B, Hq, n, Lk) arrays and k, v repeated to Hq heads: O(block * Lk + L * D) per step.
+    """
+    bias = block_bias(p.mask, p.is_causal, rows, slice(0, p.lk))
+    return tolerances.sdpa_allowed(p.q[:, :, rows], p.k, p.v, bias, False, p.scale, dtype, policy)
+
+
 # ------------------------------------------------------------------ public
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_policy: str = "zeros",
          block: int = DEFAULT_BLOCK) -> np.ndarray:
@@ -252,18 +266,23 @@ def sdpa_with_allowed(q, k, v, mask=None, is_causal=False, scale=None, dtype: st
     """(``oracle.sdpa``, ``tolerances.sdpa_allowed``) in one blocked pass.
 
     expected is (B, Hq, Lq, Dv); allowed is (B, Hq, Lq, 1), one bound per output row,
-    broadcasting against expected. ``dtype`` names the dtype under test (its unit
+    broadcasting against expected, or (B, Hq, Lq, Dv) per element for float16 and bfloat16
+    (spec/tolerances.yaml, sixteen_bit). ``dtype`` names the dtype under test (its unit
     roundoff sets the bound); ``policy`` is the fully-masked-rows policy; ``tf32``
     declares TF32 float32 matmuls.
     """
     p = _problem(q, k, v, mask, is_causal, scale)
-    ctx = _allowed_context(p, dtype, tf32)
+    sixteen_bit = tolerances.is_sixteen_bit(dtype)
+    ctx = None if sixteen_bit else _allowed_context(p, dtype, tf32)
     expected = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
-    allowed = np.empty(p.q.shape[:-1] + (1,))
+    allowed = np.empty(p.q.shape[:-1] + ((p.v.shape[-1],) if sixteen_bit else (1,)))
     for rows in row_blocks(p.lq, block):
         blk = _block(p, rows)
         expected[:, :, rows] = _block_output(p, blk, policy)
-        allowed[:, :, rows] = _block_allowed(p, blk, ctx, policy)
+        if sixteen_bit:
+            allowed[:, :, rows] = _block_allowed16(p, rows, dtype, policy)
+        else:
+            allowed[:, :, rows] = _block_allowed(p, blk, ctx, policy)
     return expected, allowed
 
 

@@ -107,7 +107,129 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
     return allowed
 
 
+# ------------------------------------------------------------------ 16-bit dtypes
+# spec/tolerances.yaml, section sixteen_bit: float16 and bfloat16 get a model of what a correct
+# 16-bit computation really does (one rounding to the dtype per operation, float32 accumulators),
+# with random-walk sums over independent roundings, per output element.
+
+SIXTEEN_BIT = ("float16", "bfloat16")
+
+
+def is_sixteen_bit(dtype: str) -> bool:
+    return dtype in SIXTEEN_BIT
+
+
+@functools.lru_cache(maxsize=None)
+def _sixteen_bit_constants() -> dict:
+    section = model()["sixteen_bit"]
+    factor = float(section["safety_factor"])
+    return {key: float(value) * factor for key, value in section.items() if key.startswith("c_")}
+
+
+def _accumulator_roundoff() -> float:
+    return unit_roundoff(model()["sixteen_bit"]["accumulator"])
+
+
+def _sixteen_bit_walk_factor() -> float:
+    return float(model()["sixteen_bit"]["walk_factor"])
+
+
+def _sixteen_bit_underflow(u: float) -> float:
+    """The smallest positive normal number of the 16-bit dtype whose unit roundoff is u."""
+    for dtype in SIXTEEN_BIT:
+        if unit_roundoff(dtype) == u:
+            return float(model()["sixteen_bit"]["underflow"][dtype])
+    raise ValueError(f"no 16-bit dtype has unit roundoff {u}")
+
+
+def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
+    """Allowed error per output element (B, Hq, Lq, Dv) of a 16-bit sdpa (spec/tolerances.yaml, sixteen_bit).
+
+    dq, dk, dv: optional absolute errors of the inputs (the projections of multi_head_attention),
+    independent per element; they add to the score errors and to the output as random walks."""
+    c = _sixteen_bit_constants()
+    u_acc = _accumulator_roundoff()
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    hq = q.shape[1]
+    k, v = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
+    if dk is not None:
+        dk, dv = oracle.repeat_kv_heads(dk, hq), oracle.repeat_kv_heads(dv, hq)
+    d, lk = q.shape[-1], k.shape[-2]
+    scale_value = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    kt = np.swapaxes(k, -1, -2)
+    p = oracle.attention_weights(q, k, mask, is_causal, scale)
+    attended = p > 0
+    raw = scale_value * (q @ kt)  # scale * q . k
+    bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk)
+    s = raw + np.where(np.isfinite(bias), bias, 0.0)
+    row_max = np.max(np.where(attended, s, -np.inf), axis=-1, keepdims=True)
+    shift = np.where(attended, s - np.where(np.isfinite(row_max), row_max, 0.0), 0.0)
+    # delta_ij: the score's own roundings (product, scale, mask addition, max shift) and its float32 sum.
+    delta = u * (c["c_score_round"] * np.abs(raw) + np.abs(s) + np.abs(shift))
+    delta = delta + c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
+    if dq is not None:
+        delta = delta + abs(scale_value) * np.sqrt((dq * dq) @ (kt * kt) + (q * q) @ np.swapaxes(dk * dk, -1, -2))
+    delta = np.where(attended, delta, 0.0)
+    o = p @ v
+    # Score errors move the output by sum_j (p'_j - p_j) (v_j - o), p'_j the weights of the perturbed scores,
+    # summed as a random walk over the keys (independent roundings). |p'_j - p_j| is bounded two ways, both exact
+    # (not first order, for large 16-bit scores): by (1/Z') p_j (exp(delta_j) - 1) with Z' >= exp(-sum_l p_l delta_l),
+    # tight for small errors, and by min(1, p_j (exp(delta_j + log sum_l p_l exp(delta_l)) - 1)), which stays <= 1
+    # where a rounding can swap the leading keys. Each gives a bound of the same sum: the smaller one holds.
+    total = np.sum(p * delta, axis=-1, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf here: the second bound below is used
+        small = np.where(attended, p * np.expm1(np.minimum(delta, 700.0)), 0.0) * np.exp(np.minimum(total, 700.0))
+    top = np.max(delta, axis=-1, keepdims=True)
+    log_z = top + np.log(np.maximum(np.sum(p * np.exp(delta - top), axis=-1, keepdims=True), 1e-300))
+    large = np.where(attended, np.minimum(1.0, p * np.expm1(np.minimum(delta + log_z, 700.0))), 0.0)
+
+    def walk(w):
+        w2 = w * w  # sum_j w_j^2 (v_jd - o_id)^2, expanded into matrix products
+        return np.sqrt(np.maximum(w2 @ (v * v) - 2.0 * o * (w2 @ v) + o * o * np.sum(w2, axis=-1, keepdims=True), 0.0))
+
+    def linear(w):
+        return w @ np.abs(v) + np.abs(o) * np.sum(w, axis=-1, keepdims=True)  # >= sum_j w_j |v_jd - o_id|
+
+    def moved(w):
+        # The random walk assumes many independent roundings; over a few keys whose roundings all come near
+        # their bound (scores offset by a large mask value) the sum can exceed it. The linear sum bounds it
+        # always: take it where it is at most walk_factor times the walk.
+        return np.minimum(linear(w), _sixteen_bit_walk_factor() * walk(w))
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        # the expansion cancels badly for weights far above 1: there the first bound is not used
+        score_term = c["c_score"] * np.where(np.max(small, axis=-1, keepdims=True) <= 1.0,
+                                             np.minimum(moved(np.minimum(small, 1.0)), moved(large)), moved(large))
+    p2 = p * p
+    allowed = (
+        c["c_out"] * u * np.abs(o)  # the output's rounding and the normaliser's
+        + c["c_p"] * u * np.sqrt(p2 @ (v * v))  # each weight rounded to the dtype before P @ V
+        + c["c_acc"] * u_acc * math.sqrt(lk) * (p @ np.abs(v))  # the float32 accumulation of P @ V
+        + score_term
+    )
+    if dv is not None:
+        allowed = allowed + np.sqrt(p2 @ (dv * dv))
+    # Near 0 the dtype's rounding is absolute, not relative (float16 is subnormal below 6.1e-5): the output
+    # and each weight rounded to the dtype may be off by u * eta, eta the smallest normal number.
+    eta = _sixteen_bit_underflow(u)
+    allowed = allowed + eta * u * (c["c_out"] + c["c_p"] * np.sqrt(attended.astype(np.float64) @ (v * v)))
+    return np.nan_to_num(allowed, nan=np.inf, posinf=np.inf)
+
+
+def _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str) -> np.ndarray:
+    u = unit_roundoff(dtype)
+    allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u)
+    empty = oracle.fully_masked_rows(q, k, mask, is_causal)[..., None]
+    if policy == "uniform":  # a fully masked row is the mean of v: the first-order model's bound for it
+        v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
+        spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
+        return np.where(empty, spread, allowed)
+    return np.where(empty, 0.0, allowed)
+
+
 def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False) -> np.ndarray:
+    if is_sixteen_bit(dtype):
+        return _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype, policy)
     u = unit_roundoff(dtype)
     allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32))
     empty = oracle.fully_masked_rows(q, k, mask, is_causal)[..., None]
@@ -118,7 +240,44 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
     return np.where(empty, 0.0, allowed)
 
 
+def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str) -> np.ndarray:
+    """spec/tolerances.yaml, sixteen_bit: each projection rounded to the dtype (float32 accumulators), the
+    16-bit sdpa model with those input errors, the output projection of the context's error."""
+    u = unit_roundoff(dtype)
+    u_acc = _accumulator_roundoff()
+    c = _sixteen_bit_constants()
+    p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
+    trace: dict = {}
+    oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace)
+
+    def projection_error(x, name):
+        x = np.asarray(x, dtype=np.float64)
+        w = p["w_" + name]
+        product = x @ w
+        result = product + p.get("b_" + name, 0.0)
+        return c["c_proj"] * u * (np.abs(product) + np.abs(result)) + c["c_acc"] * u_acc * math.sqrt(
+            x.shape[-1]) * (np.abs(x) @ np.abs(w))
+
+    def split(x):
+        b, length, width = x.shape
+        return np.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
+
+    dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
+    context_error = _sdpa16_terms(trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u,
+                                  dq, dk, dv)
+    empty = oracle.fully_masked_rows(trace["q_heads"], trace["k_heads"], mask, is_causal)[..., None]
+    # A fully masked row is zeros or, where declared, the mean of v: the first-order model's bound for it.
+    v_all = np.abs(trace["v_heads"])
+    spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
+    context_error = np.where(empty, spread, np.broadcast_to(context_error, trace["context"].shape))
+    merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)
+    # The context's errors of one row are correlated across its elements (shared weights): summed linearly.
+    return merged_error @ np.abs(p["w_o"]) + projection_error(trace["merged"], "o")
+
+
 def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str, tf32: bool = False) -> np.ndarray:
+    if is_sixteen_bit(dtype):
+        return _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype)
     u = unit_roundoff(dtype)
     u_in = _tf32_input_rounding(tf32)
     c_proj = _constants("multi_head_attention")["c_proj"]

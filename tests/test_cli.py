@@ -28,7 +28,10 @@ def pytest_run(*args, env=None, timeout=300):
 def test_a_plain_numpy_sdpa_module_passes():
     done = pytest_run("--impl", "examples.my_attention")
     assert done.returncode == 0, done.stdout[-3000:]
-    assert "passed" in done.stdout and "not implemented" not in done.stdout.split("short test summary")[0][-200:]
+    assert "passed" in done.stdout and "failed" not in done.stdout.splitlines()[-1]
+    # Operations the module does not expose are skipped (counted by reason in the summary), never failed.
+    assert "x not implemented: examples_my_attention does not expose softmax" in done.stdout
+    assert not any("not implemented" in line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR")))
 
 
 def test_a_wrong_axis_softmax_is_rejected_naming_the_clause():

@@ -193,8 +193,9 @@ def test_only_the_last_failure_of_a_group_keeps_its_repro():
 def _terminal_lines(monkeypatch) -> list[str]:
     monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
     lines = []
-    reporter = SimpleNamespace(section=lambda title, **kw: lines.append(f"== {title}"), write_line=lines.append)
-    summary.terminal_summary(reporter, None)
+    reporter = SimpleNamespace(section=lambda title, **kw: lines.append(f"== {title}"), write_line=lines.append,
+                               stats={})
+    summary.terminal_summary(reporter, SimpleNamespace(getoption=lambda name, default=None: default))
     return lines
 
 

@@ -22,7 +22,23 @@ def kernel_members(kind: str) -> list[str]:
     return broken if kind == "broken" else [n for n in names if n not in broken]
 
 
-@pytest.mark.parametrize("member", zoo.member_names("broken") + kernel_members("broken"))
+def precision_members() -> list[str]:
+    """The 16-bit precision defects, zoo/precision_*.py: kernel stand-ins (kernel_correct's SUPPORTS) that the
+    16-bit tolerance (spec/tolerances.yaml, sixteen_bit) must reject; all are broken members."""
+    import pkgutil
+
+    return sorted(m.name for m in pkgutil.iter_modules(zoo.__path__) if m.name.startswith("precision_"))
+
+
+@pytest.mark.parametrize("member", precision_members())
+def test_precision_member_declares_what_a_broken_member_declares(member):
+    module = zoo.load(member)
+    for name in ("BUG", "SOURCE", "EXPECTED_CLAUSES", "DTYPES"):
+        assert hasattr(module, name), f"zoo/{member}.py lacks {name}"
+    assert module.EXPECTED_CLAUSES and set(module.DTYPES) <= {"float16", "bfloat16"}
+
+
+@pytest.mark.parametrize("member", zoo.member_names("broken") + kernel_members("broken") + precision_members())
 def test_broken_member_is_rejected_by_its_clause(member):
     module = zoo.load(member)
     impl = load_implementation(f"zoo.{member}")
