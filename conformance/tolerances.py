@@ -71,17 +71,23 @@ def uniform_row_bound(u: float, v_abs_max, lk: int):
     return u * v_abs_max * _output_growth(lk)
 
 
+def _per_query_head(q, k, v, dk=None, dv=None):
+    """q, k, v in float64 with the kv heads (and their input errors dk, dv) repeated to Hq (GQA)."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    hq = q.shape[1]
+    k, v = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
+    if dk is not None:
+        dk, dv = oracle.repeat_kv_heads(dk, hq), oracle.repeat_kv_heads(dv, hq)
+    return q, k, v, dk, dv
+
+
 def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_in: float = 0.0):
     """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv.
 
     ``u_in`` is the relative rounding of each matmul input (TF32: 2^-11, else 0); it adds
     2 u_in |scale| |q_i|.|k_j| to each score error and 2 u_in V_i to each output row
     (P and v rounded before P @ V), times c_in (spec/tolerances.yaml, tf32)."""
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    hq = q.shape[1]
-    k, v = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
-    if dk is not None:
-        dk, dv = oracle.repeat_kv_heads(dk, hq), oracle.repeat_kv_heads(dv, hq)
+    q, k, v, dk, dv = _per_query_head(q, k, v, dk, dv)
     dk_, lk = q.shape[-1], k.shape[-2]
     scale_value = 1.0 / math.sqrt(dk_) if scale is None else float(scale)
     weights = oracle.attention_weights(q, k, mask, is_causal, scale)
@@ -149,11 +155,7 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None)
     independent per element; they add to the score errors and to the output as random walks."""
     c = _sixteen_bit_constants()
     u_acc = _accumulator_roundoff()
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    hq = q.shape[1]
-    k, v = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
-    if dk is not None:
-        dk, dv = oracle.repeat_kv_heads(dk, hq), oracle.repeat_kv_heads(dv, hq)
+    q, k, v, dk, dv = _per_query_head(q, k, v, dk, dv)
     d, lk = q.shape[-1], k.shape[-2]
     scale_value = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kt = np.swapaxes(k, -1, -2)
