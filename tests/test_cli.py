@@ -41,12 +41,18 @@ def test_a_wrong_axis_softmax_is_rejected_naming_the_clause():
     assert "repro (run from the repository root)" in done.stdout
 
 
-def test_an_unimportable_impl_is_one_clear_error():
-    done = pytest_run("--impl", "no_such_module_anywhere")
-    assert done.returncode == 4
-    errors = [line for line in (done.stdout + done.stderr).splitlines() if "no_such_module_anywhere" in line]
-    assert errors and "cannot import module" in errors[0]
+def one_load_error(spec: str, mentioning: str) -> str:
+    """Run --impl SPEC, expect exit 4 and no traceback; return the one line that mentions ``mentioning``."""
+    done = pytest_run("--impl", spec)
+    assert done.returncode == 4, done.stdout[-2000:]
     assert "Traceback" not in done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if mentioning in line]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_an_unimportable_impl_is_one_clear_error():
+    assert "cannot import module" in one_load_error("no_such_module_anywhere", "no_such_module_anywhere")
 
 
 def test_a_malformed_fixture_stops_the_run_naming_the_file(tmp_path):
@@ -93,11 +99,8 @@ def test_a_hang_in_fixtures_and_properties_ends_the_run_quickly(impl, workers):
 
 
 def test_a_class_whose_constructor_needs_arguments_is_one_load_error():
-    done = pytest_run("--impl", "examples.needs_arguments:Attention")
-    assert done.returncode == 4
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if "needs_arguments" in line]
-    assert len(lines) == 1 and "cannot instantiate class Attention" in lines[0] and "pass an instance" in lines[0]
-    assert "Traceback" not in done.stderr
+    line = one_load_error("examples.needs_arguments:Attention", "needs_arguments")
+    assert "cannot instantiate class Attention" in line and "pass an instance" in line
 
 
 def test_a_fixture_the_oracle_does_not_bear_out_stops_the_run_under_impl(tmp_path):
