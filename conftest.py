@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from conformance import plugin as support
+from attention_conformance.conformance import plugin as support
 
 # Profiles are registered at import so that Hypothesis's own --hypothesis-profile can pick one.
 support.register_hypothesis_profiles()
@@ -70,7 +70,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     """After every deselection (-k, -m, ours): what is left to run is what the coverage rule expects judged."""
-    from conformance import coverage
+    from attention_conformance.conformance import coverage
 
     coverage.note_collection(session.items)
 
@@ -98,6 +98,6 @@ def pytest_xdist_setupnodes(config, specs):
 def pytest_testnodedown(node, error):
     """pytest-xdist: a worker finished; merge its conformance records into the controller's."""
     support.receive_from_worker(node)
-    from conformance import coverage
+    from attention_conformance.conformance import coverage
 
     coverage.receive(node)

@@ -87,8 +87,8 @@ class CallTimer:
         self.judging = collections.Counter()  # impl -> seconds in the float64 oracle and the error bound
 
     def install(self):
-        from conformance.checks import Judge
-        from implementations._registry import Implementation
+        from attention_conformance.conformance.checks import Judge
+        from attention_conformance.implementations._registry import Implementation
 
         Implementation.call = self._timed(Implementation.call, self.inside, count=True)
         for method in ("_expected_shape", "_fully_masked_rows", "_oracle"):
@@ -152,7 +152,7 @@ def jax_compile_figures() -> None:
     except ImportError:
         print("\nJAX is not installed: no compile figures")
         return
-    from implementations import builtin
+    from attention_conformance.implementations import builtin
 
     rng = np.random.default_rng(0)
     shapes = [(1, 1, 3, 4), (1, 2, 5, 3), (2, 2, 7, 6), (1, 1, 2, 2), (2, 1, 4, 4), (1, 3, 6, 2)]

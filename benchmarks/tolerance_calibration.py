@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from conformance import checks, strategies  # noqa: E402
-from conformance.strategies import drawing_inside  # noqa: E402
-from implementations import builtin_implementations, load_implementation  # noqa: E402
-from implementations._region import parse_region  # noqa: E402
+from attention_conformance.conformance import checks, strategies  # noqa: E402
+from attention_conformance.conformance.strategies import drawing_inside  # noqa: E402
+from attention_conformance.implementations import builtin_implementations, load_implementation  # noqa: E402
+from attention_conformance.implementations._region import parse_region  # noqa: E402
 
 # The region a flash-like kernel declares (zoo/kernel_correct.py): kernel-shaped cases only.
 KERNEL_REGION = {"head_dims": {"min": 16, "max": 256, "multiple": 8}}

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from implementations._arrays import numpy_dtype
+from attention_conformance.implementations._arrays import numpy_dtype
 
 _OUTPUTS: dict[tuple[str, str], dict[str, np.ndarray]] = defaultdict(dict)  # (dtype, case) -> {impl@device: out}
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}

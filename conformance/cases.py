@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from implementations._arrays import numpy_dtype
+from attention_conformance.implementations._arrays import numpy_dtype
 
 ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params")
 

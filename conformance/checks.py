@@ -19,9 +19,9 @@ import traceback
 import numpy as np
 import pytest
 
-from implementations import Implementation
-from implementations._arrays import ARRAY_KINDS, dtype_name
-from implementations._region import shape_facts
+from attention_conformance.implementations import Implementation
+from attention_conformance.implementations._arrays import ARRAY_KINDS, dtype_name
+from attention_conformance.implementations._region import shape_facts
 
 from . import oracle, tolerances
 from .cases import Case, widen
@@ -328,7 +328,7 @@ class Judge:
         size += sum(np.size(x) for v in inputs.values() if isinstance(v, dict) for x in v.values())
         if case.notes.get("fixture"):
             return (
-                "from conformance.test_fixtures import run_fixture_repro\n"
+                "from attention_conformance.conformance.test_fixtures import run_fixture_repro\n"
                 f"run_fixture_repro({self.impl.spec!r}, {case.notes['fixture']!r}, {self.dtype!r}, {self.device!r})"
             )
         if size > MAX_REPRO_ELEMENTS:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from implementations._arrays import ARRAY_KINDS
+from attention_conformance.implementations._arrays import ARRAY_KINDS
 
 from . import oracle, oracle_backward
 from .tolerances import model, tf32_unit_roundoff, unit_roundoff

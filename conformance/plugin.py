@@ -9,8 +9,8 @@ import numpy as np
 
 import pytest
 
-from implementations import DTYPE_NAMES, Implementation, ImplementationLoadError
-from implementations import builtin_implementations, load_implementation
+from attention_conformance.implementations import DTYPE_NAMES, Implementation, ImplementationLoadError
+from attention_conformance.implementations import builtin_implementations, load_implementation
 
 from .specdata import SpecError, clauses, fixtures
 
@@ -49,7 +49,7 @@ def _entry_point_implementations() -> list[Implementation]:
             raise ImplementationLoadError(
                 f"entry point {entry.name!r} ({spec}) in {ENTRY_POINT_GROUP}: cannot load: {type(exc).__name__}: {exc}"
             ) from None
-        from implementations._registry import from_object
+        from attention_conformance.implementations._registry import from_object
 
         found.append(from_object(obj, entry.name, spec))
     return found

@@ -125,8 +125,8 @@ def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: s
     """A snippet that rebuilds the inputs, calls the implementation and prints its error against the oracle."""
     lines = [
         "import numpy as np, ml_dtypes",
-        "from implementations import load_implementation",
-        "from conformance import oracle",
+        "from attention_conformance.implementations import load_implementation",
+        "from attention_conformance.conformance import oracle",
         f"impl = load_implementation({impl_spec!r})",
     ]
     arrays, options = {}, {}

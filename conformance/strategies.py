@@ -12,7 +12,7 @@ import contextlib
 import numpy as np
 from hypothesis import strategies as st
 
-from implementations._region import EVERYTHING, Region
+from attention_conformance.implementations._region import EVERYTHING, Region
 
 from . import oracle
 from .cases import Case

@@ -25,14 +25,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from implementations._arrays import ARRAY_KINDS
+from attention_conformance.implementations._arrays import ARRAY_KINDS
 
-from . import tolerances
-from .cases import Case
-from .checks import ImplementationHung, Judge
-from .plugin import require_device
-from .strategies import sdpa_cases
-from .test_properties import property_test
+from attention_conformance.conformance import tolerances
+from attention_conformance.conformance.cases import Case
+from attention_conformance.conformance.checks import ImplementationHung, Judge
+from attention_conformance.conformance.plugin import require_device
+from attention_conformance.conformance.strategies import sdpa_cases
+from attention_conformance.conformance.test_properties import property_test
 
 pytestmark = [pytest.mark.conformance, pytest.mark.op("sdpa")]
 
@@ -109,9 +109,9 @@ class DropoutJudge(Judge):
         b, h, lq, lk = notes["shape"]
         return "\n".join([
             "import numpy as np, ml_dtypes",
-            "from implementations import load_implementation",
-            "from implementations._arrays import numpy_dtype",
-            "from conformance.test_dropout import call_with_dropout",
+            "from attention_conformance.implementations import load_implementation",
+            "from attention_conformance.implementations._arrays import numpy_dtype",
+            "from attention_conformance.conformance.test_dropout import call_with_dropout",
             f"impl = load_implementation({self.impl.spec!r})",
             f"dt = numpy_dtype({self.dtype!r})",
             f"q = np.zeros(({b}, {h}, {lq}, 4), dt); k = np.zeros(({b}, {h}, {lk}, 4), dt)",

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from . import agreement
-from .cases import Case
-from .checks import Judge
-from .plugin import require_device
-from .specdata import Fixture, fixtures
-from .tolerances import model
+from attention_conformance.conformance import agreement
+from attention_conformance.conformance.cases import Case
+from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.plugin import require_device
+from attention_conformance.conformance.specdata import Fixture, fixtures
+from attention_conformance.conformance.tolerances import model
 
 pytestmark = pytest.mark.conformance
 
@@ -53,7 +53,7 @@ def test_fixture(fixture_case: Fixture, impl, device, dtype):
 
 def run_fixture_repro(impl_spec: str, fixture_id: str, dtype: str, device: str) -> None:
     """Rerun one fixture on one implementation outside pytest, printing the verdict."""
-    from implementations import load_implementation
+    from attention_conformance.implementations import load_implementation
 
     fx = {f.id: f for f in fixtures()}[fixture_id]
     judge = Judge(load_implementation(impl_spec), dtype, device)

@@ -20,14 +20,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from . import checks, oracle, oracle_backward
-from .cases import Case, widen
-from .checks import ImplementationHung, Judge
-from .gradients import GRADIENT_ARRAYS, NotDifferentiable, backward_allowed, gradients
-from .plugin import require_device
-from .report import _array_literal
-from .strategies import sdpa_cases
-from .test_properties import property_test
+from attention_conformance.conformance import checks, oracle, oracle_backward
+from attention_conformance.conformance.cases import Case, widen
+from attention_conformance.conformance.checks import ImplementationHung, Judge
+from attention_conformance.conformance.gradients import GRADIENT_ARRAYS, NotDifferentiable, backward_allowed, gradients
+from attention_conformance.conformance.plugin import require_device
+from attention_conformance.conformance.report import _array_literal
+from attention_conformance.conformance.strategies import sdpa_cases
+from attention_conformance.conformance.test_properties import property_test
 
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
@@ -81,9 +81,9 @@ class GradientJudge(Judge):
             return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
         lines = [
             "import numpy as np, ml_dtypes",
-            "from implementations import load_implementation",
-            "from conformance import oracle, oracle_backward",
-            "from conformance.gradients import gradients",
+            "from attention_conformance.implementations import load_implementation",
+            "from attention_conformance.conformance import oracle, oracle_backward",
+            "from attention_conformance.conformance.gradients import gradients",
             f"impl = load_implementation({self.impl.spec!r})",
         ]
         options = {}

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from . import oracle_blocked
-from .cases import Case, widen
-from .checks import Judge
-from .plugin import require_device
+from attention_conformance.conformance import oracle_blocked
+from attention_conformance.conformance.cases import Case, widen
+from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.plugin import require_device
 
 OPT_IN_REASON = "opt-in: large shapes (Lk up to 16k) run with --large-shapes"
 

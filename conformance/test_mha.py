@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .cases import Case
-from .checks import Judge
-from .plugin import require_device
-from .strategies import mha_cases
-from .test_properties import property_test
+from attention_conformance.conformance.cases import Case
+from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.plugin import require_device
+from attention_conformance.conformance.strategies import mha_cases
+from attention_conformance.conformance.test_properties import property_test
 
 pytestmark = [pytest.mark.conformance, pytest.mark.op("multi_head_attention")]
 
@@ -101,7 +101,7 @@ def test_mha_fully_masked_rows(impl, device, dtype, case):
 
 def test_mha_shapes_of_the_documents():
     """The printed pipeline shapes of the documents hold for the oracle (fixtures carry them)."""
-    from .specdata import fixtures
+    from attention_conformance.conformance.specdata import fixtures
 
     traced = [fx for fx in fixtures() if fx.shapes]
     assert traced, "no fixture records intermediate multi-head shapes"

@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from . import oracle
-from .cases import Case, widen
-from . import checks
-from .checks import Judge
-from .plugin import require_device
-from implementations._region import EVERYTHING
+from attention_conformance.conformance import oracle
+from attention_conformance.conformance.cases import Case, widen
+from attention_conformance.conformance import checks
+from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.plugin import require_device
+from attention_conformance.implementations._region import EVERYTHING
 
-from .strategies import (MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, drawing_inside, sdpa_cases,
+from attention_conformance.conformance.strategies import (MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, drawing_inside, sdpa_cases,
                          softmax_cases)
 
 pytestmark = pytest.mark.conformance

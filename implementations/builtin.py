@@ -113,19 +113,19 @@ class NumpyOracle:
 
     @staticmethod
     def softmax(x, axis=-1):
-        from conformance import oracle
+        from attention_conformance.conformance import oracle
 
         return oracle.softmax(x, axis=axis)
 
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
-        from conformance import oracle
+        from attention_conformance.conformance import oracle
 
         return oracle.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
 
     @staticmethod
     def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
-        from conformance import oracle
+        from attention_conformance.conformance import oracle
 
         return oracle.multi_head_attention(query, key, value, params, num_heads, mask=mask, is_causal=is_causal)
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from conformance import agreement, checks, test_dropout, test_fixtures, test_gradients, test_mha, test_properties
-from conformance.report import ConformanceFailure
-from conformance.specdata import fixtures
+from attention_conformance.conformance import agreement, checks, test_dropout, test_fixtures, test_gradients, test_mha, test_properties
+from attention_conformance.conformance.report import ConformanceFailure
+from attention_conformance.conformance.specdata import fixtures
 
 PROPERTY_TESTS = [
     fn

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import checks
+from attention_conformance.conformance import checks
 
 
 @pytest.fixture

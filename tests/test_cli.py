@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conformance.specdata import ROOT
+from attention_conformance.conformance.specdata import ROOT
 
 pytestmark = pytest.mark.selfcheck
 

@@ -7,13 +7,13 @@ import time
 import numpy as np
 import pytest
 
-from conformance import checks, test_dropout, test_fixtures, test_gradients, test_properties
-from conformance.cases import Case
-from conformance.checks import Judge
-from conformance.report import CaseRecord, ConformanceFailure
-from conformance.specdata import fixtures
-from implementations import ImplementationLoadError, load_implementation
-from implementations._registry import from_object
+from attention_conformance.conformance import checks, test_dropout, test_fixtures, test_gradients, test_properties
+from attention_conformance.conformance.cases import Case
+from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.report import CaseRecord, ConformanceFailure
+from attention_conformance.conformance.specdata import fixtures
+from attention_conformance.implementations import ImplementationLoadError, load_implementation
+from attention_conformance.implementations._registry import from_object
 
 pytestmark = pytest.mark.selfcheck
 

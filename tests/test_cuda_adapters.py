@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conformance import oracle, tolerances
+from attention_conformance.conformance import oracle, tolerances
 
 pytestmark = pytest.mark.selfcheck
 
@@ -56,7 +56,7 @@ def assert_within_float32_allowance(got, q, k, v, mask, is_causal, scale):
 def test_flex_adapter_maps_the_contract_onto_mask_mod_and_score_mod(monkeypatch, shape, mask, is_causal, scale):
     torch = pytest.importorskip("torch")
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    from implementations.builtin import TorchFlexAttention
+    from attention_conformance.implementations.builtin import TorchFlexAttention
 
     monkeypatch.setattr(TorchFlexAttention, "_compiled", flex.flex_attention)  # eager: runs on the CPU
     q, k, v, m = make_case(*shape, mask=mask)
@@ -75,8 +75,8 @@ def test_pallas_adapter_repeats_kv_heads_and_traces_causal_without_x64(monkeypat
         from jax.experimental.pallas.ops.gpu import attention
     except Exception as exc:  # noqa: BLE001 -- this JAX ships no Pallas GPU ops
         pytest.skip(f"jax.experimental.pallas.ops.gpu.attention is not importable: {exc}")
-    from implementations._arrays import ARRAY_KINDS
-    from implementations.builtin import JaxPallasFlashAttention
+    from attention_conformance.implementations._arrays import ARRAY_KINDS
+    from attention_conformance.implementations.builtin import JaxPallasFlashAttention
 
     ARRAY_KINDS["jax"].devices()  # the suite enables x64 for JAX implementations; the adapter must cope
     monkeypatch.setattr(attention, "mha", functools.partial(attention.mha, interpret=True))

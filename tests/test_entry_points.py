@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.plugin import ENTRY_POINT_GROUP, ENV_VAR
-from conformance.specdata import ROOT
+from attention_conformance.conformance.plugin import ENTRY_POINT_GROUP, ENV_VAR
+from attention_conformance.conformance.specdata import ROOT
 
 pytestmark = pytest.mark.selfcheck
 

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import oracle, oracle_blocked, tolerances
-from conformance.checks import Judge
-from conformance.report import ConformanceFailure
-from conformance.strategies import sdpa_cases
-from conformance.test_large_shapes import LargeShapeJudge
-from implementations import load_implementation
+from attention_conformance.conformance import oracle, oracle_blocked, tolerances
+from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.report import ConformanceFailure
+from attention_conformance.conformance.strategies import sdpa_cases
+from attention_conformance.conformance.test_large_shapes import LargeShapeJudge
+from attention_conformance.implementations import load_implementation
 
 pytestmark = pytest.mark.selfcheck
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from conformance import tolerances
-from conformance.strategies import KERNEL_SCORE_BUDGET, drawing_inside, sdpa_cases
-from implementations import ImplementationLoadError
-from implementations._region import RegionError, parse_region, shape_facts
-from implementations._registry import from_object
+from attention_conformance.conformance import tolerances
+from attention_conformance.conformance.strategies import KERNEL_SCORE_BUDGET, drawing_inside, sdpa_cases
+from attention_conformance.implementations import ImplementationLoadError
+from attention_conformance.implementations._region import RegionError, parse_region, shape_facts
+from attention_conformance.implementations._registry import from_object
 
 from .test_cli import pytest_run
 

@@ -23,9 +23,9 @@ import jsonschema
 import numpy as np
 import pytest
 
-from conformance import agreement, checks, html_report, plugin, summary
-from conformance.report import CaseRecord, parse_shapes, shapes_text
-from conformance.specdata import ROOT, clauses
+from attention_conformance.conformance import agreement, checks, html_report, plugin, summary
+from attention_conformance.conformance.report import CaseRecord, parse_shapes, shapes_text
+from attention_conformance.conformance.specdata import ROOT, clauses
 
 pytestmark = pytest.mark.selfcheck
 

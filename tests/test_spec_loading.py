@@ -6,8 +6,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from conformance import oracle
-from conformance.specdata import SpecError, clauses, fixtures, load_fixture_file, oracle_disagreement, run_oracle
+from attention_conformance.conformance import oracle
+from attention_conformance.conformance.specdata import SpecError, clauses, fixtures, load_fixture_file, oracle_disagreement, run_oracle
 
 pytestmark = pytest.mark.selfcheck
 
@@ -131,11 +131,11 @@ def test_every_clause_is_exercised_somewhere():
     """Each clause is named by a fixture or a property test (no clause is decoration)."""
     import inspect
 
-    from conformance import checks, test_dropout, test_gradients, test_mha, test_properties
+    from attention_conformance.conformance import checks, test_dropout, test_gradients, test_mha, test_properties
 
     named = {c for fx in fixtures() for c in fx.clauses}
     sources = inspect.getsource(test_properties) + inspect.getsource(checks) + inspect.getsource(test_mha)
-    from conformance import strategies
+    from attention_conformance.conformance import strategies
 
     sources += inspect.getsource(strategies) + inspect.getsource(test_gradients) + inspect.getsource(test_dropout)
     unexercised = [cid for cid in clauses() if cid not in named and f'"{cid}"' not in sources]

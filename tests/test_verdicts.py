@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance.cases import Case
-from conformance.checks import Judge
-from conformance.report import ConformanceFailure
-from implementations import load_implementation
+from attention_conformance.conformance.cases import Case
+from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.report import ConformanceFailure
+from attention_conformance.implementations import load_implementation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_the_repro_of_a_non_finite_output_shows_it(kept_records):
 
 
 def test_the_repro_of_a_correct_implementation_prints_zero_error(kept_records):
-    from conformance.report import repro
+    from attention_conformance.conformance.report import repro
 
     x = np.array([[800.0, 0.0, -np.inf], [1.0, 2.0, 3.0]])
     snippet = repro("builtin:numpy_native", "softmax", {"x": x}, "float64", "cpu")

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import plugin
-from conformance.specdata import ROOT
-from implementations._registry import from_object
+from attention_conformance.conformance import plugin
+from attention_conformance.conformance.specdata import ROOT
+from attention_conformance.implementations._registry import from_object
 
 pytestmark = pytest.mark.selfcheck
 
@@ -72,7 +72,7 @@ def test_off_or_a_users_cache_leaves_jax_alone(clean_environment, cache, preset)
 
 def test_loading_the_builtins_imports_no_framework():
     # The xdist controller loads every implementation but runs no case: torch and JAX are imported by the workers.
-    probe = ("import sys; from implementations._registry import builtin_implementations; "
+    probe = ("import sys; from attention_conformance.implementations._registry import builtin_implementations; "
              "impls = builtin_implementations(); assert impls; "
              "print(sorted(m for m in ('torch', 'jax') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -82,7 +82,7 @@ def test_loading_the_builtins_imports_no_framework():
 
 def torch_like_on_cpu_only(monkeypatch, dtypes):
     """A torch sdpa-only implementation on a machine with a CPU and no GPU, and a config running it."""
-    from implementations._registry import from_object
+    from attention_conformance.implementations._registry import from_object
 
     class TorchLike:
         ARRAY = "torch"
@@ -129,7 +129,7 @@ def test_what_cannot_run_is_one_skipped_item_per_device_not_one_per_dtype(monkey
 def test_compiled_implementations_run_a_tenth_of_the_examples(spec, max_examples, expected):
     from hypothesis import given, settings, strategies as st
 
-    from conformance.test_properties import property_test
+    from attention_conformance.conformance.test_properties import property_test
 
     seen = []
 
