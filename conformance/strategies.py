@@ -84,7 +84,7 @@ def _mask_class(kind: str) -> str:
 
 
 def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bool, lengths,
-                    is_causal: bool = False) -> tuple[int, int]:
+                    is_causal: bool = False, query_mode: str | None = None) -> tuple[int, int]:
     """(Lq, Lk) for a kernel-shaped case: decode, prefill or cross, crossing tile edges, within budget.
 
     Under the (top-left) causal band query i sees keys 0..i only, so a causal decode case
@@ -100,7 +100,7 @@ def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bo
         lk = lq if same_lengths else draw(lengths.filter(region.lengths.contains), label="Lk")
         return lq, lk
     modes = ("prefill", "cross") if is_causal else KERNEL_QUERY_MODES
-    mode = "prefill" if same_lengths else draw(st.sampled_from(modes), label="query mode")
+    mode = query_mode or ("prefill" if same_lengths else draw(st.sampled_from(modes), label="query mode"))
     fitting = [n for n in candidates if n * n <= budget_per_pair] or candidates[:1]
     if mode == "prefill":
         n = draw(st.sampled_from(fitting), label="Lq = Lk")
@@ -108,6 +108,8 @@ def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bo
     if mode == "decode":
         lq = draw(st.sampled_from(region.lengths.members((1, 2, 4)) or candidates[:1]), label="Lq (decode)")
         keys = [n for n in candidates if lq * n <= budget_per_pair] or candidates[:1]
+        if query_mode == "decode":  # the property is about a long cache: past one key tile of 64
+            keys = [n for n in keys if n > 64] or keys
         return lq, draw(st.sampled_from(keys), label="Lk")
     # Cross: long query blocks (Lq past 128 and 256) against fewer keys, or the other way round.
     queries = [n for n in candidates if n * candidates[0] <= budget_per_pair] or candidates[:1]
@@ -176,12 +178,14 @@ def sdpa_cases(
     dims=None,
     kv_heads=None,
     groups=None,
+    query_mode: str | None = None,
 ) -> Case:
     """An sdpa case inside the active region (drawing_inside): small shapes, or kernel-shaped ones.
 
     ``lengths``, ``dims``, ``kv_heads`` and ``groups`` override the shape draws of a
     property (None: the mode's own); a kernel-shaped case keeps the property's lengths,
     heads and groups where the region allows them and draws its head dims from the region.
+    ``query_mode`` ("decode", "prefill", "cross") makes every case kernel-shaped in that mode.
     """
     region = active_region()
     kinds = [k for k in mask_kinds if _mask_class(k) in region.masks]
@@ -190,7 +194,7 @@ def sdpa_cases(
     if not kinds:
         _outside_region(f"the property needs a {'/'.join(sorted({_mask_class(k) for k in mask_kinds}))} mask "
                         f"(declared masks: {', '.join(region.masks)})")
-    kernel = not _small_shapes_inside(region) or draw(st.integers(0, KERNEL_SHARE - 1), label="kernel-shaped") == 0
+    kernel = query_mode is not None or not _small_shapes_inside(region) or draw(st.integers(0, KERNEL_SHARE - 1), label="kernel-shaped") == 0
     b = draw(st.integers(1, MAX_BATCH), label="B")
     if kv_heads is None:
         kv_heads = st.sampled_from((1, 2)) if kernel else st.integers(1, MAX_KV_HEADS)
@@ -208,7 +212,8 @@ def sdpa_cases(
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
     if kernel:
-        lq, lk = _kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths, is_causal)
+        lq, lk = _kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths, is_causal,
+                                 query_mode)
         head_dims = region.head_dims.members(KERNEL_HEAD_DIMS) or [region.head_dims.min]
         dk = draw(st.sampled_from(head_dims), label="Dk")
         dv_choices = head_dims

@@ -99,6 +99,17 @@ def test_lengths_and_widths_off_tile_boundaries(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
+# Decode (one query, or a few for speculative decoding) against a cache of hundreds to thousands of keys: split-KV
+# kernels (flash-decoding) cut the keys into chunks and combine the chunks' partial outputs by their log-sum-exp, a
+# step that exists only on this path. Not causal: under the top-left band a single query sees key 0 alone.
+@property_test
+@sdpa_op
+@given(case=sdpa_cases(mask_kinds=("none", "key-padding", "float"), causal=st.just(False), query_mode="decode",
+                       clauses=("sdpa.definition", "sdpa.cross-attention")))
+def test_decode_against_a_long_cache(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
 @property_test
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(), gqa=False,
