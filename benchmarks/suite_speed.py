@@ -4,7 +4,7 @@
     python benchmarks/suite_speed.py --quick    # skip the whole-suite runs
 
 Figures:
-  default run      wall time of `pytest` at the root (conformance/; addopts give
+  default run      wall time of `pytest` at the root (conformance/; the plugin gives
                    -n auto) with JAX's compilation cache cold (with its XLA
                    compiles counted by benchmarks/jax_compile_log.py) and then warm, of
                    `pytest -n 0` (one process), of the self-checks `pytest tests`

@@ -19,6 +19,7 @@ out and counted (the suite reports them as deviations, it does not judge them).
 
     python benchmarks/tolerance_calibration.py [--examples 60] [--impl zoo.kernel_correct ...] [--dtype float16]
     python benchmarks/tolerance_calibration.py --precision-zoo   # the zoo's precision_* and correct 16-bit members
+    python benchmarks/tolerance_calibration.py --ops variants,variants-kernel,softcap,alibi   # the sdpa variants
 """
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
         want = checks.expected_output(case, inputs, policy)
         allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy), want.shape)
         finite = np.isfinite(want) & (allowed > 0)
+        if case.op == "sdpa":  # padding rows of a variable-length batch (sdpa.varlen) are not judged
+            finite &= np.broadcast_to(checks.Judge(impl, dtype, "cpu").judged_rows(case, inputs)[..., None], want.shape)
         if finite.any():
             with np.errstate(invalid="ignore"):
                 error = np.where(np.isfinite(got), np.abs(got - want), np.inf)
@@ -129,6 +132,12 @@ def main() -> None:
     ops = {
         "sdpa": ("sdpa", strategies.sdpa_cases(allow_empty_rows=True), None),
         "sdpa-kernel": ("sdpa", strategies.sdpa_cases(allow_empty_rows=True), KERNEL_REGION),
+        # The sdpa variants (window, softcap, ALiBi, query offset, lengths) together, with masks, causal and GQA
+        # (spec/tolerances.yaml, variants): python benchmarks/tolerance_calibration.py --ops variants,variants-kernel
+        "variants": ("sdpa", strategies.variant_cases(mask_kinds=("none", "bool-full", "float")), None),
+        "variants-kernel": ("sdpa", strategies.variant_cases(mask_kinds=("none", "bool-full", "float")), KERNEL_REGION),
+        "softcap": ("sdpa", strategies.variant_cases(variants=("softcap",), mask_kinds=("none", "float")), None),
+        "alibi": ("sdpa", strategies.variant_cases(variants=("alibi_slopes", "query_offset")), None),
         "softmax": ("softmax", strategies.softmax_cases(), None),
         "multi_head_attention": ("multi_head_attention", strategies.mha_cases(), None),
     }

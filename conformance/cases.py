@@ -11,7 +11,12 @@ import numpy as np
 
 from attention_conformance.implementations._arrays import numpy_dtype
 
-ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params")
+ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params", "alibi_slopes", "query_lengths",
+                "key_lengths")
+# The contract's form of these (README, "The contract"): ALiBi slopes are float32 (float64 in float64
+# cases), whatever the dtype of q; lengths are int32. Neither is rounded to a 16-bit dtype.
+SLOPES = "alibi_slopes"
+LENGTHS = ("query_lengths", "key_lengths")
 
 
 class Case:
@@ -38,16 +43,20 @@ class Case:
         """Inputs as the implementation gets them: float arrays rounded to ``dtype``, booleans kept."""
         target = numpy_dtype(dtype)
 
-        def cast(value):
+        def cast(value, name=""):
             if isinstance(value, dict):
                 return {key: cast(item) for key, item in value.items()}
+            if name in LENGTHS and value is not None:
+                return np.asarray(value).astype(np.int32)
+            if name == SLOPES and value is not None:
+                return np.asarray(value).astype(np.float64 if dtype == "float64" else np.float32)
             if isinstance(value, np.ndarray) and value.dtype != np.bool_:
                 # A -1e9 mask entry becomes -inf in float16, as the framework's own cast makes it.
                 with np.errstate(over="ignore"):
                     return value.astype(target)
             return value
 
-        return {name: cast(value) for name, value in self.inputs.items()}
+        return {name: cast(value, name) for name, value in self.inputs.items()}
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         out = {}
@@ -71,7 +80,7 @@ def widen(inputs: dict[str, Any]) -> dict[str, Any]:
     def up(value):
         if isinstance(value, dict):
             return {key: up(item) for key, item in value.items()}
-        if isinstance(value, np.ndarray) and value.dtype != np.bool_:
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f":  # lengths stay integers
             return value.astype(np.float64)
         return value
 

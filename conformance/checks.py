@@ -273,7 +273,7 @@ def expected_output(case: Case, inputs: dict, policy: str = "zeros") -> np.ndarr
     if case.op == "sdpa":
         return oracle.sdpa(
             a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"),
-            fully_masked_rows_policy=policy,
+            fully_masked_rows_policy=policy, **oracle.variant_options(a),
         )
     return oracle.multi_head_attention(
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False),
@@ -288,7 +288,8 @@ def allowed_error(case: Case, inputs: dict, dtype: str, policy: str = "zeros", t
         return tolerances.softmax_allowed(a["x"], a.get("axis", -1), dtype)
     if case.op == "sdpa":
         return tolerances.sdpa_allowed(
-            a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"), dtype, policy, tf32=tf32
+            a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"), dtype, policy, tf32=tf32,
+            **oracle.variant_options(a),
         )
     return tolerances.mha_allowed(
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False), dtype,
@@ -301,6 +302,13 @@ def allowed_error(case: Case, inputs: dict, dtype: str, policy: str = "zeros", t
 # one first: a fixture printed for its shape that is off in its values breaks the definition.
 OWN_CHECK_CLAUSES = frozenset({"sdpa.output-shape", "sdpa.output-dtype", "sdpa.finite",
                                "softmax.masked-exact-zero", "mask.fully-masked-row"})
+# The variant keywords each variant clause is about: its own probe takes them out (a case that then
+# passes keeps the failure with the clause, whatever else the case carries).
+VARIANT_CLAUSE_KEYWORDS = {
+    "sdpa.window": ("window",), "sdpa.softcap": ("softcap",), "sdpa.alibi": ("alibi_slopes",),
+    "sdpa.query-offset": ("query_offset",), "sdpa.varlen": ("key_lengths", "query_lengths"),
+    "sdpa.variant-order": ("softcap", "alibi_slopes", "window", "key_lengths", "query_offset"),
+}
 DEFINITION_CLAUSES = {"softmax": "softmax.definition", "sdpa": "sdpa.definition",
                       "multi_head_attention": "mha.projections"}
 
@@ -348,6 +356,8 @@ class Judge:
         facts.update({key: value for key, value in shape_facts(case.op, inputs).items() if key not in facts})
         if case.op == "sdpa":
             facts["fully_masked"] = bool(self._fully_masked_rows(case, inputs).any())
+            # The variant keywords the case uses (README "The contract"), for a deviation's ``when``.
+            facts["variants"] = tuple(sorted(oracle.variant_options(inputs)))
         elif case.op == "multi_head_attention":
             bias = oracle.attention_bias(a.get("mask"), facts["is_causal"], facts["Lq"], facts["Lk"])
             facts["fully_masked"] = bool(np.isneginf(bias).all(axis=-1).any())
@@ -379,7 +389,20 @@ class Judge:
     def _fully_masked_rows(self, case: Case, inputs: dict) -> np.ndarray:
         """(B, Hq, Lq) boolean, sdpa only: the rows with no key to attend."""
         a = widen(inputs)
-        return oracle.fully_masked_rows(a["q"], a["k"], a.get("mask"), bool(a.get("is_causal", False)))
+        return oracle.fully_masked_rows(a["q"], a["k"], a.get("mask"), bool(a.get("is_causal", False)),
+                                        **oracle.variant_options(a)) & self.judged_rows(case, inputs)
+
+    def judged_rows(self, case: Case, inputs: dict) -> np.ndarray:
+        """(B or 1, 1, Lq) boolean, sdpa: the rows a verdict looks at. Rows i >= query_lengths[b] are padding
+        (sdpa.varlen): their values are unspecified, NaN and inf included, and never judged."""
+        if case.op != "sdpa":
+            return np.ones((), dtype=bool)
+        return oracle.judged_rows(inputs["q"], inputs.get("query_lengths"))
+
+    def _unjudged(self, case: Case, inputs: dict, want: np.ndarray) -> np.ndarray:
+        """Output elements with nothing to check: the oracle has no value there (the 'nan' policy) or the row is padding."""
+        padded = ~np.broadcast_to(self.judged_rows(case, inputs)[..., None], want.shape) if case.op == "sdpa" else False
+        return np.isnan(want) | padded
 
     def _oracle(self, case: Case, inputs: dict, policy: str) -> tuple[np.ndarray, np.ndarray]:
         """(expected output, allowed error broadcast to it) under the fully-masked-rows policy."""
@@ -599,8 +622,10 @@ class Judge:
             if mask is not None and mask.shape != target and own != "mask.broadcast":
                 yield ("mask.broadcast", "with the mask broadcast to (B, Hq, Lq, Lk) beforehand",
                        derived("mask broadcast", mask=np.broadcast_to(mask, target).copy()))
-        if inputs.get("is_causal") and not any(c.startswith("causal.") for c in about):
-            yield "causal.top-left", "without is_causal", derived("without is_causal", is_causal=False)
+        # With a query_offset the causal band is that clause's (sdpa.query-offset), not the top-left one's.
+        causal_clause = "sdpa.query-offset" if inputs.get("query_offset") else "causal.top-left"
+        if inputs.get("is_causal") and not any(c.startswith("causal.") for c in about) and causal_clause not in about:
+            yield causal_clause, "without is_causal", derived("without is_causal", is_causal=False)
         if mask is not None and not any(c.startswith("mask.") or c.startswith("causal.") for c in about):
             own_mask = "mask.bool-true-attends" if mask.dtype == np.bool_ else "mask.float-additive"
             yield own_mask, "without the mask", derived("without the mask", mask=None)
@@ -630,7 +655,7 @@ class Judge:
         except Exception:  # noqa: BLE001 -- raised or hung: no evidence either way
             return False
         got = np.asarray(got, dtype=np.float64)
-        want_nan = np.isnan(want)  # where the oracle has no value (the "nan" policy's rows), anything goes
+        want_nan = self._unjudged(case, inputs, want)  # the "nan" policy's rows and padding rows: anything goes
         with np.errstate(invalid="ignore"):
             ok = want_nan | (np.isfinite(got) & (np.abs(got - np.where(want_nan, 0.0, want)) <= allowed))
         return bool(np.all(ok))
@@ -667,6 +692,10 @@ class Judge:
             elif own == "sdpa.value-dim" and v.shape[-1] != q.shape[-1]:
                 dk = q.shape[-1]
                 changes = {"v": np.concatenate([v] * -(-dk // v.shape[-1]), axis=-1)[..., :dk]}
+        if changes is None and own in VARIANT_CLAUSE_KEYWORDS:
+            names = [n for n in VARIANT_CLAUSE_KEYWORDS[own] if n in inputs]
+            if names:
+                changes = {n: oracle.VARIANT_DEFAULTS[n] for n in names}
         if changes is None:
             return None
         return Case(case.op, {**inputs, **changes}, case.clauses, f"{case.label} [own probe]", case.mask_kind,
@@ -683,7 +712,7 @@ class Judge:
         clause = clause or case.clauses[0]
         policy = self.policy(case, inputs)
         want, allowed = self._oracle(case, inputs, policy)
-        want_nan = np.isnan(want)
+        want_nan = self._unjudged(case, inputs, want)  # padding rows (query_lengths) are not judged either
         empty = np.zeros((), dtype=bool)
         if case.op == "sdpa":
             empty = self._fully_masked_rows(case, inputs)

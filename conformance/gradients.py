@@ -1,12 +1,14 @@
 """Gradients of an implementation's sdpa, and the tolerance model that judges them.
 
 ``gradients(impl, inputs, d_out, device)`` differentiates the implementation's own
-sdpa with its framework's autodiff: for ARRAY "torch" the inputs become leaf
-tensors with requires_grad and ``out.backward(d_out)`` runs; for ARRAY "jax"
-``jax.vjp`` runs over a function of (q, k, v[, mask]) calling sdpa. Only a float
+sdpa with its framework's autodiff, through the ``vjp`` of the implementation's
+array adapter (implementations/_arrays.py): for ARRAY "torch" the inputs become
+leaf tensors with requires_grad and ``out.backward(d_out)`` runs; for ARRAY "jax"
+``jax.vjp`` runs over a function of (q, k, v[, mask]) calling sdpa. Which kinds
+differentiate at all (GRADIENT_ARRAYS) is what the adapters declare. Only a float
 (additive) mask is differentiated; a boolean mask is a constant. 16-bit inputs are
 differentiated as the framework does it, in that dtype; the results are widened to
-float64 for the comparison. Frameworks are imported only inside the functions.
+float64 for the comparison. Frameworks are imported only inside the adapters.
 
 ``backward_allowed`` evaluates the ``sdpa_backward`` section of spec/tolerances.yaml
 (the derivation is written there) against the float64 analytic backward of
@@ -19,17 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from attention_conformance.implementations._arrays import ARRAY_KINDS
+from attention_conformance.implementations._arrays import ARRAY_KINDS, NotDifferentiable, differentiable_kinds
 
 from . import oracle, oracle_backward
 from .tolerances import model, tf32_unit_roundoff, unit_roundoff
 
-GRADIENT_ARRAYS = ("torch", "jax")
 GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "mask": "dmask"}
+__all__ = ["NotDifferentiable", "backward_allowed", "gradients"]  # and GRADIENT_ARRAYS, from __getattr__
 
 
-class NotDifferentiable(Exception):
-    """The implementation's output carries no gradient (detached, or not a framework array)."""
+def __getattr__(name: str):
+    # The array kinds whose adapter declares DIFFERENTIABLE, as registered when asked.
+    if name == "GRADIENT_ARRAYS":
+        return differentiable_kinds()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _keywords(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -50,11 +55,27 @@ def gradients(impl, inputs: dict[str, Any], d_out: np.ndarray, device: str) -> d
     NotDifferentiable when the output carries no gradient at all, and lets the
     implementation's own exceptions (NotImplementedError included) through.
     """
-    if impl.array == "torch":
-        return _torch_gradients(impl, inputs, d_out, device)
-    if impl.array == "jax":
-        return _jax_gradients(impl, inputs, d_out, device)
-    raise ValueError(f"{impl.name}: gradients need ARRAY 'torch' or 'jax', not {impl.array!r}")
+    kind = ARRAY_KINDS[impl.array]
+    if not kind.DIFFERENTIABLE:
+        raise ValueError(f"{impl.name}: gradients need an ARRAY whose adapter differentiates "
+                         f"({', '.join(differentiable_kinds())}), not {impl.array!r}")
+    names = _differentiated(inputs)
+    primals = {name: kind.to_native(np.asarray(inputs[name]), device) for name in names}
+    constant_mask = None
+    if "mask" not in names and inputs.get("mask") is not None:
+        constant_mask = kind.to_native(np.asarray(inputs["mask"]), device)  # a boolean mask: a constant
+    kwargs = _keywords(inputs)
+
+    def forward(q, k, v, mask=None):
+        mask = constant_mask if mask is None else mask
+        extra = dict(kwargs, mask=mask) if mask is not None else kwargs
+        return impl.obj.sdpa(q, k, v, **extra)
+
+    out, grads = kind.vjp(forward, primals, d_out, device)
+    result = {"out": _to_f64(kind, out)}
+    for name in names:
+        result[GRAD_NAMES[name]] = _to_f64(kind, grads.get(name))
+    return result
 
 
 def _differentiated(inputs: dict[str, Any]) -> list[str]:
@@ -66,58 +87,6 @@ def _differentiated(inputs: dict[str, Any]) -> list[str]:
 
 def _to_f64(kind, value) -> np.ndarray | None:
     return None if value is None else np.asarray(kind.to_numpy(value)).astype(np.float64)
-
-
-def _torch_gradients(impl, inputs, d_out, device):
-    import torch
-
-    kind = ARRAY_KINDS["torch"]
-    leaves = {}
-    for name in _differentiated(inputs):
-        leaves[name] = kind.to_native(np.asarray(inputs[name]), device).detach().requires_grad_(True)
-    mask = leaves.get("mask")
-    if mask is None and inputs.get("mask") is not None:
-        mask = kind.to_native(np.asarray(inputs["mask"]), device)  # a boolean mask: a constant
-    kwargs = _keywords(inputs)
-    if mask is not None:
-        kwargs["mask"] = mask
-    with torch.enable_grad():
-        out = impl.obj.sdpa(leaves["q"], leaves["k"], leaves["v"], **kwargs)
-        if not isinstance(out, torch.Tensor):
-            raise NotDifferentiable(f"sdpa returned {type(out).__name__}, not a torch.Tensor")
-        if not out.requires_grad:
-            raise NotDifferentiable("the output does not require grad (the graph was cut: detach, NumPy or no_grad)")
-        grad_out = kind.to_native(np.asarray(d_out), device).to(out.dtype)
-        out.backward(grad_out)
-    grads = {"out": _to_f64(kind, out)}
-    for name, leaf in leaves.items():
-        grads[GRAD_NAMES[name]] = _to_f64(kind, leaf.grad)
-    return grads
-
-
-def _jax_gradients(impl, inputs, d_out, device):
-    import jax
-
-    kind = ARRAY_KINDS["jax"]
-    names = _differentiated(inputs)
-    primals = [kind.to_native(np.asarray(inputs[name]), device) for name in names]
-    constant_mask = None
-    if "mask" not in names and inputs.get("mask") is not None:
-        constant_mask = kind.to_native(np.asarray(inputs["mask"]), device)
-    kwargs = _keywords(inputs)
-
-    def forward(*arrays):
-        named = dict(zip(names, arrays))
-        mask = named.get("mask", constant_mask)
-        extra = dict(kwargs, mask=mask) if mask is not None else kwargs
-        return impl.obj.sdpa(named["q"], named["k"], named["v"], **extra)
-
-    out, vjp = jax.vjp(forward, *primals)
-    cotangents = vjp(kind.to_native(np.asarray(d_out), device).astype(out.dtype))
-    grads = {"out": _to_f64(kind, out)}
-    for name, grad in zip(names, cotangents):
-        grads[GRAD_NAMES[name]] = _to_f64(kind, grad)
-    return grads
 
 
 # ------------------------------------------------------------------ tolerance

@@ -4,10 +4,12 @@
 (documented in docs/report.md and docs/report-schema.json) and writes a page that
 reads without the terminal: run header and environment, one summary per
 implementation, the clause x implementation matrix, the cross-backend agreement
-per dtype, a plot of error against allowed error, and every failure with its full
-message. CSS is inline and the plot is an embedded PNG, so the file can be mailed
-or uploaded as a CI artifact on its own. matplotlib is optional: without it the
-page says so and leaves the plot out. Every piece of text goes through html.escape.
+per dtype, a plot of each judged case's worst error / allowed error (the ratio the
+verdict compares with 1), and one row per group of failures with its case, worst
+element and ratio, the full message and repro folded in a <details>. CSS is inline
+and the plot is an embedded PNG, so the file can be mailed or uploaded as a CI
+artifact on its own. matplotlib is optional: without it the plot's figures are a
+table. Every piece of text goes through html.escape.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import base64
 import html
 import io
 import math
+import random
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -64,7 +67,9 @@ table.matrix th.impl { text-align: center; }
 table.failures td { max-width: 1100px; }
 .counts span { margin-right: .6em; white-space: nowrap; }
 img.plot { max-width: 100%; border: 1px solid #e2e2e2; }
-details summary { cursor: pointer; }
+details summary { cursor: pointer; color: #1a4f8b; }
+table.failures td { font-size: .93em; }
+table.failures details pre { max-width: 1000px; }
 """
 
 
@@ -323,106 +328,188 @@ def _agreement(report: dict) -> str:
     return "".join(out)
 
 
-def _plot(cases: list[dict]) -> str:
-    out = ["<h2>Error against allowed error</h2>"]
-    points = [c for c in cases if c.get("max_abs_error") is not None and c.get("allowed") is not None]
+JUDGED = ("passed", "deviation", "failed")
+DTYPE_COLOURS = {"float64": "#1f77b4", "float32": "#2ca02c", "float16": "#ff7f0e", "bfloat16": "#9467bd"}
+STATUS_MARKERS = {"passed": ("o", 12), "deviation": ("D", 18), "failed": ("X", 34)}
+
+
+def plot_points(cases: list[dict]) -> tuple[list[dict], int, int]:
+    """The points of the ratio plot: one per judged case, with its worst ratio error / allowed error.
+
+    Returns (points, infinite, without): each point is {implementation, dtype, status,
+    ratio}, the ratio the verdict compared with 1 at the case's worst element (the
+    JSON's ``ratio``; a record without it but with ``allowed`` 0 and an error is an
+    error where nothing is allowed, ratio inf). ``infinite`` counts those; ``without``
+    the judged cases with no figures at all (a wrong shape, an exception, a
+    non-finite output: their verdict is not a tolerance comparison).
+    """
+    points, infinite, without = [], 0, 0
+    for c in cases:
+        if c.get("status") not in JUDGED:
+            continue
+        ratio = c.get("ratio")
+        if ratio is None:
+            if c.get("allowed") == 0 and (c.get("max_abs_error") or 0) > 0:
+                ratio, infinite = math.inf, infinite + 1
+            else:
+                without += 1
+                continue
+        points.append({"implementation": str(c.get("implementation")), "dtype": str(c.get("dtype")),
+                       "status": c.get("status"), "ratio": float(ratio)})
+    return points, infinite, without
+
+
+def _ratio_groups(points: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for p in points:
+        groups[(p["implementation"], p["dtype"])].append(p)
+    return groups
+
+
+def _ratio_table(points: list[dict], names: list[str]) -> str:
+    """The plot's figures as a table (per implementation and dtype): shown when matplotlib is absent."""
+    groups = _ratio_groups(points)
+    rows = []
+    for name in names:
+        for dtype in sorted({d for (n, d) in groups if n == name}, key=_dtype_key):
+            ratios = sorted(p["ratio"] for p in groups[(name, dtype)])
+            above = sum(r > 1 for r in ratios)
+            above_html = f'<b style="color:{PLOT_COLOURS["failed"]}">{above}</b>' if above else "0"
+            rows.append([e(name), e(dtype), str(len(ratios)), e(_fmt(ratios[len(ratios) // 2])),
+                         e(_fmt(ratios[-1])), above_html])
+    return _table(["implementation", "dtype", "cases", "median ratio", "worst ratio", "above 1"], rows,
+                  "ratios", numeric=[2, 3, 4, 5])
+
+
+def _plot(cases: list[dict], names: list[str]) -> str:
+    out = ["<h2>Error relative to the allowed error</h2>"]
+    points, infinite, without = plot_points(cases)
     if not points:
-        out.append('<p class="note">No judged case carries both an error and an allowed error.</p>')
+        out.append('<p class="note">No judged case carries an error/allowed ratio.</p>')
         return "".join(out)
+    names = [n for n in names if any(p["implementation"] == n for p in points)] + sorted(
+        {p["implementation"] for p in points} - set(names))
+    note = ("One point per judged case: its worst ratio error / allowed error, taken at one element as the verdict "
+            "takes it (the JSON's <code>ratio</code>). A case fails its value comparison when the ratio is above 1, "
+            "the line marked <i>allowed</i>; so failed cases sit above it and passed ones at or below it "
+            "(a declared deviation may sit on either side).")
+    extra = []
+    if infinite:
+        extra.append(f"{infinite} case(s) with an error where nothing is allowed (ratio infinite) are drawn on "
+                     "the top edge.")
+    if without:
+        extra.append(f"{without} judged case(s) carry no ratio (a wrong shape, an exception, a non-finite output: "
+                     "a verdict that is not a tolerance comparison) and are not drawn.")
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        out.append('<p class="note">matplotlib is not installed, so this plot is left out '
-                   '(<code>pip install matplotlib</code> or the <code>report</code> extra adds it). '
-                   f"{len(points)} cases carry an error and an allowed error; the JSON report has them all.</p>")
+        out.append('<p class="note">matplotlib is not installed, so the plot is left out '
+                   '(<code>pip install matplotlib</code> or the <code>report</code> extra adds it); its figures '
+                   "follow as a table.</p>")
+        out.append(_ratio_table(points, names))
+        out.append(f'<p class="note">{note} {e(" ".join(extra))}</p>')
         return "".join(out)
     try:
-        image, notes = _render_plot(points, Figure, FigureCanvasAgg)
+        image, notes = _render_plot(points, names, Figure, FigureCanvasAgg)
     except Exception as exc:  # a plot must never cost the report
-        out.append(f'<p class="note">The plot could not be drawn: {e(type(exc).__name__)}: {e(exc)}</p>')
+        out.append(f'<p class="note">The plot could not be drawn ({e(type(exc).__name__)}: {e(exc)}); '
+                   "its figures follow as a table.</p>")
+        out.append(_ratio_table(points, names))
         return "".join(out)
-    out.append(f'<img class="plot" alt="log-log scatter of max abs error against allowed error, one panel per dtype" '
-               f'src="data:image/png;base64,{image}">')
-    out.append('<p class="note">One panel per dtype; one point per judged case (x: the allowed error at the '
-               "case's worst element, i.e. the largest error/allowed ratio; y: the case's max abs error anywhere). "
-               "Points above the dashed line y = x broke or came close to their tolerance: the verdict compares "
-               "element by element (the ratio column of the JSON), so a passing point can sit slightly above "
-               "the line when its largest error falls where the tolerance is wider. Failures whose verdict is not a "
-               "tolerance comparison (wrong shape, exception, non-finite output) carry no figures and are not drawn. "
-               + e(" ".join(notes)) + "</p>")
+    out.append(f'<img class="plot" alt="error / allowed error per case on a log axis, per implementation and dtype; '
+               f'the line at 1 is the allowed error" src="data:image/png;base64,{image}">')
+    out.append(f'<p class="note">{note} Colour: dtype; marker: status; x: implementation, one column per dtype. '
+               + e(" ".join(extra + notes)) + "</p>")
+    out.append(f"<details><summary>the same figures as a table</summary>{_ratio_table(points, names)}</details>")
     return "".join(out)
 
 
-def _render_plot(points: list[dict], Figure, FigureCanvasAgg) -> tuple[str, list[str]]:
-    by_dtype: dict[str, list[dict]] = defaultdict(list)
-    for c in points:
-        by_dtype[str(c.get("dtype"))].append(c)
-    dtypes = sorted(by_dtype, key=_dtype_key)
-    ncols = min(len(dtypes), 2)
-    nrows = math.ceil(len(dtypes) / ncols)
-    fig = Figure(figsize=(6.2 * ncols, 4.6 * nrows), dpi=100)
+def _render_plot(points: list[dict], names: list[str], Figure, FigureCanvasAgg) -> tuple[str, list[str]]:
+    groups = _ratio_groups(points)
+    dtypes = sorted({p["dtype"] for p in points}, key=_dtype_key)
+    finite = [p["ratio"] for p in points if math.isfinite(p["ratio"])]
+    positive = [r for r in finite if r > 0]
+    # Exact results (ratio 0) and ratios far below the rest sit on a floor line a decade under the
+    # smallest positive ratio, at most 12 decades below 1, so the axis stays readable.
+    floor = max(min(positive) / 10.0, 1e-12) if positive else 1e-3
+    top = max([r for r in finite] + [10.0]) * 10.0
+    width = min(24.0, max(7.0, 1.1 * len(names) + 2.5))
+    fig = Figure(figsize=(width, 5.2), dpi=100)
     FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    rng = random.Random(0)  # the same jitter every time: pages of the same run are identical
+    slot = 0.8 / max(1, len(dtypes))
+    low = 0
     notes: list[str] = []
-    for index, dtype in enumerate(dtypes):
-        ax = fig.add_subplot(nrows, ncols, index + 1)
-        rows = by_dtype[dtype]
-        finite = [c for c in rows if _finite(c["allowed"]) and _finite(c["max_abs_error"])]
-        drawable = [c for c in finite if c["allowed"] > 0]
-        dropped = len(rows) - len(drawable)
-        if not drawable:
-            ax.text(0.5, 0.5, "no case with a positive allowed error", ha="center", va="center", transform=ax.transAxes)
-            ax.set_title(dtype)
-            continue
-        allowed = [c["allowed"] for c in drawable]
-        # Errors far below every tolerance (exact results included) sit on a floor four decades under the
-        # smallest allowed error, so a denormal error cannot stretch the axes over hundreds of decades.
-        floor = min(allowed) * 1e-4
-        hi = max(allowed + [c["max_abs_error"] for c in drawable]) * 3.0
-        lo = floor / 3.0
-        low_count = 0
-        for status in ("passed", "deviation", "failed"):
-            chosen = [c for c in drawable if c.get("status") == status]
-            if not chosen:
-                continue
-            xs = [c["allowed"] for c in chosen if c["max_abs_error"] >= floor]
-            ys = [c["max_abs_error"] for c in chosen if c["max_abs_error"] >= floor]
-            zx = [c["allowed"] for c in chosen if c["max_abs_error"] < floor]
-            low_count += len(zx)
-            colour = PLOT_COLOURS[status]
-            label = f"{status} ({len(chosen)})"
-            if xs:
-                ax.scatter(xs, ys, s=14, alpha=0.65, color=colour, edgecolors="none", label=label)
-            if zx:
-                ax.scatter(zx, [floor] * len(zx), s=18, marker="v", facecolors="none", edgecolors=colour,
-                           label=None if xs else label)
-        ax.plot([lo, hi], [lo, hi], "--", color="#555555", linewidth=1, label="y = x (error = allowed)")
-        if low_count:
-            ax.axhline(floor, color="#bbbbbb", linewidth=0.8, linestyle=":")
-            ax.text(lo * 1.5, floor * 1.6, f"{low_count} at or below the floor (exact included)", fontsize=7,
-                    color="#777777")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel("allowed error")
-        ax.set_ylabel("max abs error")
-        ax.set_title(f"{dtype}: {len(drawable)} cases")
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(loc="upper left", fontsize=8)
-        if dropped:
-            notes.append(f"{dtype}: {dropped} case(s) with a zero or non-finite allowed error or error are not drawn.")
-        if low_count:
-            notes.append(f"{dtype}: {low_count} case(s) with an error below 1e-4 × the smallest allowed error "
-                         "(exact results included) are drawn as open triangles on the dotted floor line.")
+    labelled: set = set()
+    for index, name in enumerate(names):
+        for d_index, dtype in enumerate(dtypes):
+            centre = index - 0.4 + slot * (d_index + 0.5)
+            for status in JUDGED:
+                ratios = [p["ratio"] for p in groups.get((name, dtype), []) if p["status"] == status]
+                if not ratios:
+                    continue
+                ys = [top if math.isinf(r) else max(r, floor) for r in ratios]
+                low += sum(r < floor for r in ratios)
+                xs = [centre + rng.uniform(-0.35, 0.35) * slot for _ in ys]
+                marker, size = STATUS_MARKERS[status]
+                colour = DTYPE_COLOURS.get(dtype, "#555555")
+                ax.scatter(xs, ys, s=size, marker=marker, color=colour, alpha=0.7,
+                           edgecolors="black" if status == "failed" else "none", linewidths=0.4)
+                labelled.add((dtype, status))
+    ax.axhline(1.0, color="#c62828", linewidth=1.2, linestyle="--")
+    ax.text(0.995, 1.0, "allowed (ratio 1) ", transform=ax.get_yaxis_transform(), color="#c62828", fontsize=9,
+            va="bottom", ha="right", bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1))
+    if low:
+        ax.axhline(floor, color="#bbbbbb", linewidth=0.8, linestyle=":")
+        notes.append(f"{low} case(s) with a ratio below {floor:.1e} (exact results included) are drawn on the "
+                     "dotted floor line.")
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2.0, top * 2.0)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=30 if len(names) > 4 else 0, ha="right" if len(names) > 4 else "center",
+                       fontsize=8)
+    for index in range(1, len(names)):
+        ax.axvline(index - 0.5, color="#e0e0e0", linewidth=0.8)
+    ax.set_ylabel("worst error / allowed error (per case)")
+    ax.grid(True, axis="y", which="major", alpha=0.3)
+    handles = [ax.scatter([], [], s=30, marker="s", color=DTYPE_COLOURS.get(d, "#555555"), label=d) for d in dtypes]
+    handles += [ax.scatter([], [], s=STATUS_MARKERS[s][1] + 10, marker=STATUS_MARKERS[s][0], color="#777777",
+                           edgecolors="black" if s == "failed" else "none", label=s)
+                for s in JUDGED if any(st == s for (_, st) in labelled)]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.04, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return base64.b64encode(buffer.getvalue()).decode("ascii"), notes
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+def _split_message(message: str) -> tuple[str, str, str]:
+    """A failure message as (its problem line, its worst-element line, the repro snippet or "")."""
+    from .report import REPRO_HEADING, REPRO_LEFT_OUT
+
+    problem = worst = ""
+    lines = message.split("\n")
+    repro = ""
+    for index, line in enumerate(lines):
+        text = line.strip()
+        if text.startswith("problem ") and not problem:
+            problem = text.removeprefix("problem").strip()
+        elif text.startswith("worst ") and not worst:
+            worst = text.removeprefix("worst").strip()
+        elif text == REPRO_HEADING:
+            repro = "\n".join(lines[index:])
+            break
+        elif text == REPRO_LEFT_OUT:
+            break
+    return problem or (lines[0] if lines else ""), worst, repro
+
+
+def _test_function(test: str | None) -> str:
+    """``conformance/test_x.py::test_y[params]`` -> ``test_y``."""
+    return (test or "").rsplit("::", 1)[-1].split("[", 1)[0]
 
 
 def _failures(cases: list[dict]) -> str:
@@ -439,29 +526,38 @@ def _failures(cases: list[dict]) -> str:
         groups.setdefault(key, []).append(c)
     keys = sorted(groups, key=lambda k: tuple(str(x) for x in k))
     out.append(f'<p>{len(failed)} failed case record(s) in {len(groups)} group(s) (implementation × test × clause × '
-               "device × dtype). Each row shows the last record of its group — for a Hypothesis property, the "
-               "shrunk example it reported — with its full message and repro.</p>")
+               "device × dtype). Each row is the last record of its group — for a Hypothesis property, the "
+               "shrunk example it reported: its case, the problem, the worst element and the ratio error / allowed "
+               "there. Open <i>message and repro</i> for the whole verdict and a snippet that reproduces it.</p>")
     rows = []
     for key in keys[:MAX_FAILURE_GROUPS]:
         records = groups[key]
         last = records[-1]
         impl, test, clause, op, device, dtype = key
-        figures = ""
-        if last.get("max_abs_error") is not None:
-            figures = (f"<br>error {e(_fmt(last.get('max_abs_error')))}<br>allowed {e(_fmt(last.get('allowed')))}"
-                       f"<br>ratio {e(_fmt(last.get('ratio')))}")
+        message = last.get("message") or "(no message)"
+        problem, worst, repro = _split_message(message)
+        ratio = last.get("ratio")
+        if ratio is None and last.get("allowed") == 0 and (last.get("max_abs_error") or 0) > 0:
+            ratio = math.inf
         shapes = last.get("shapes") or ""
         if isinstance(shapes, dict):  # schema version 1 wrote a dict
             shapes = ", ".join(f"{k}{tuple(v)}" for k, v in shapes.items())
+        verdict = message[: len(message) - len(repro)].rstrip("\n") if repro else message
+        folded = (f"<details><summary>message{' and repro' if repro else ''}</summary><pre>{e(verdict)}</pre>"
+                  + (f'<pre class="repro">{e(repro)}</pre>' if repro else "") + "</details>")
         rows.append([
             f"<b>{e(impl)}</b><br>{e(device)}/{e(dtype)}",
             f'<a href="#clause-{e(clause)}"><code>{e(clause)}</code></a><br>'
-            f'<span class="note">{e(test or "property test")} ({e(op)})</span>',
-            f"{len(records)}{figures}",
-            f'<div class="note">case {e(last.get("case"))}<br>{e(shapes)}</div>'
-            f'<pre>{e(last.get("message") or "(no message)")}</pre>',
+            # The function's name: its parameters (implementation, device, dtype) are in the first column.
+            f'<span class="note" title="{e(test)}">{e(_test_function(test) or "property test")} ({e(op)})</span>',
+            f'<span class="mono">{e(last.get("case"))}</span><br><span class="note">{e(shapes)}</span>',
+            f"{e(problem)}" + (f'<br><span class="mono">{e(worst)}</span>' if worst else ""),
+            e(_fmt(ratio)) if ratio is not None else "—",
+            str(len(records)),
+            folded,
         ])
-    out.append(_table(["implementation", "clause / test", "records", "message"], rows, "failures"))
+    out.append(_table(["implementation", "clause / test", "case", "problem / worst element", "ratio", "records",
+                       ""], rows, "failures", numeric=[4, 5]))
     if len(keys) > MAX_FAILURE_GROUPS:
         out.append(f'<p class="note">{len(keys) - MAX_FAILURE_GROUPS} more group(s) are in the JSON report.</p>')
     return "".join(out)
@@ -505,7 +601,7 @@ def render(report: dict, path: Path) -> str:
         _implementations(report, counts, names),
         _matrix(cases, names, {d.get("name"): d for d in report.get("implementations") or []}),
         _agreement(report),
-        _plot(cases),
+        _plot(cases, names),
         _failures(cases),
         _other_outcomes(cases),
     ]

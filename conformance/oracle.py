@@ -30,11 +30,52 @@ def causal_allowed(lq: int, lk: int, *, bottom_right: bool = False) -> np.ndarra
     return np.arange(lk)[None, :] <= np.arange(lq)[:, None] + offset
 
 
-def attention_bias(mask, is_causal: bool, lq: int, lk: int) -> np.ndarray:
-    """The additive bias a mask and the causal flag stand for: 0 or the float mask where allowed, -inf elsewhere.
+def positions_allowed(lq: int, lk: int, is_causal: bool = False, window=None, query_offset: int = 0,
+                      key_lengths=None) -> np.ndarray:
+    """(B or 1, 1, lq, lk) boolean: the keys the causal band, the window and the key lengths leave to each query.
+
+    Query row i sits at position p_i = query_offset + i, key j at j (spec/clauses.yaml, sdpa.query-offset):
+    is_causal keeps j <= p_i; window=(left, right) keeps p_i - left <= j <= p_i + right (both edges
+    inclusive, None unbounded on that side: sdpa.window); key_lengths[b] keeps j < key_lengths[b] (sdpa.varlen).
+    """
+    position = int(query_offset) + np.arange(lq)[:, None]
+    key = np.arange(lk)[None, :]
+    allowed = np.ones((lq, lk), dtype=bool)
+    if is_causal:
+        allowed &= key <= position
+    if window is not None:
+        left, right = window
+        if left is not None:
+            allowed &= key >= position - int(left)
+        if right is not None:
+            allowed &= key <= position + int(right)
+    allowed = allowed[None, None]
+    if key_lengths is not None:
+        lengths = np.asarray(key_lengths).astype(np.int64).reshape(-1, 1, 1, 1)
+        allowed = allowed & (key[None, None] < lengths)
+    return allowed
+
+
+def alibi_bias(slopes, lq: int, lk: int, query_offset: int = 0) -> np.ndarray:
+    """(B or 1, Hq, lq, lk): -slope[b, h] * |p_i - j|, FlashAttention's ALiBi form (sdpa.alibi)."""
+    slopes = _f64(slopes)
+    slopes = slopes.reshape((1,) * (2 - slopes.ndim) + slopes.shape)  # (Hq,) -> (1, Hq)
+    distance = np.abs(int(query_offset) + np.arange(lq)[:, None] - np.arange(lk)[None, :])
+    return -slopes[:, :, None, None] * distance
+
+
+def softcapped(s, softcap) -> np.ndarray:
+    """softcap * tanh(s / softcap) (sdpa.softcap); None leaves s as it is."""
+    return s if softcap is None else float(softcap) * np.tanh(s / float(softcap))
+
+
+def attention_bias(mask, is_causal: bool, lq: int, lk: int, *, window=None, query_offset: int = 0,
+                   key_lengths=None) -> np.ndarray:
+    """The additive bias a mask and the key-removing options stand for: 0 or the float mask where allowed, -inf elsewhere.
 
     A boolean mask is True where the query may attend; a float mask is added as
-    it is. The causal flag intersects with either. Result broadcasts to (..., lq, lk).
+    it is. The causal flag (shifted by query_offset), the window and the key lengths
+    intersect with either. Result broadcasts to (..., lq, lk).
     """
     bias = np.zeros((lq, lk))
     if mask is not None:
@@ -43,9 +84,31 @@ def attention_bias(mask, is_causal: bool, lq: int, lk: int) -> np.ndarray:
             bias = np.where(mask, 0.0, -np.inf)
         else:
             bias = bias + _f64(mask)
-    if is_causal:
-        bias = np.where(causal_allowed(lq, lk), bias, -np.inf)
+    if is_causal or window is not None or key_lengths is not None:
+        allowed = positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths)
+        if window is None and key_lengths is None and not query_offset:
+            allowed = allowed[0, 0]  # the plain causal band keeps its (lq, lk) shape
+        bias = np.where(allowed, bias, -np.inf)
     return bias
+
+
+# The optional sdpa keywords of the variant contract (README, "The contract") and their defaults.
+VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "query_offset": 0,
+                    "query_lengths": None, "key_lengths": None}
+
+
+def variant_options(inputs: dict) -> dict:
+    """The variant keywords a case's inputs use (the non-default ones), by name."""
+    return {name: inputs[name] for name, default in VARIANT_DEFAULTS.items()
+            if name in inputs and inputs[name] is not None and not (name == "query_offset" and inputs[name] == default)}
+
+
+def judged_rows(q, query_lengths=None) -> np.ndarray:
+    """(B or 1, 1, Lq) boolean: the query rows a result is judged on; rows i >= query_lengths[b] are padding."""
+    lq = np.shape(q)[-2]
+    if query_lengths is None:
+        return np.ones((1, 1, lq), dtype=bool)
+    return np.arange(lq)[None, None, :] < np.asarray(query_lengths).astype(np.int64).reshape(-1, 1, 1)
 
 
 def repeat_kv_heads(x: np.ndarray, num_query_heads: int) -> np.ndarray:
@@ -56,17 +119,26 @@ def repeat_kv_heads(x: np.ndarray, num_query_heads: int) -> np.ndarray:
     return np.repeat(x, group, axis=1)
 
 
-def scores(q, k, mask=None, is_causal=False, scale=None) -> np.ndarray:
-    """q @ k^T * scale + bias: the matrix the softmax sees."""
+def scores(q, k, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+           query_offset=0, query_lengths=None, key_lengths=None) -> np.ndarray:
+    """The matrix the softmax sees, in the order of sdpa.variant-order: s = scale q.k, then
+    softcap * tanh(s / softcap), then the ALiBi bias, then the float mask; the boolean mask, the
+    causal band, the window and the key lengths set removed keys to -inf. query_lengths does not
+    change scores (padded query rows are computed and not judged)."""
     q, k = _f64(q), _f64(k)
     k = repeat_kv_heads(k, q.shape[1]) if q.ndim == 4 else k
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return q @ np.swapaxes(k, -1, -2) * scale + attention_bias(mask, is_causal, q.shape[-2], k.shape[-2])
+    lq, lk = q.shape[-2], k.shape[-2]
+    s = softcapped(q @ np.swapaxes(k, -1, -2) * scale, softcap)
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, lq, lk, query_offset)
+    return s + attention_bias(mask, is_causal, lq, lk, window=window, query_offset=query_offset,
+                              key_lengths=key_lengths)
 
 
-def attention_weights(q, k, mask=None, is_causal=False, scale=None) -> np.ndarray:
-    """softmax of the scores; a fully masked row gets all-zero weights."""
-    s = scores(q, k, mask, is_causal, scale)
+def attention_weights(q, k, mask=None, is_causal=False, scale=None, **variants) -> np.ndarray:
+    """softmax of the scores; a fully masked row gets all-zero weights. ``variants``: those of ``scores``."""
+    s = scores(q, k, mask, is_causal, scale, **variants)
     row_max = np.max(s, axis=-1, keepdims=True)
     fully_masked = np.isneginf(row_max)
     e = np.exp(s - np.where(fully_masked, 0.0, row_max))
@@ -74,23 +146,32 @@ def attention_weights(q, k, mask=None, is_causal=False, scale=None) -> np.ndarra
     return np.where(fully_masked, 0.0, e / np.where(fully_masked, 1.0, total))
 
 
-def fully_masked_rows(q, k, mask=None, is_causal=False) -> np.ndarray:
-    """(B, Hq, Lq) boolean: rows in which no key may be attended."""
+def fully_masked_rows(q, k, mask=None, is_causal=False, *, window=None, query_offset=0, key_lengths=None,
+                      **_values) -> np.ndarray:
+    """(B, Hq, Lq) boolean: rows in which no key may be attended (softcap and ALiBi never remove a key)."""
     lq, lk = q.shape[-2], k.shape[-2]
-    bias = np.broadcast_to(attention_bias(mask, is_causal, lq, lk), q.shape[:-2] + (lq, lk))
+    bias = attention_bias(mask, is_causal, lq, lk, window=window, query_offset=query_offset, key_lengths=key_lengths)
+    bias = np.broadcast_to(bias, q.shape[:-2] + (lq, lk))
     return np.all(np.isneginf(bias), axis=-1)
 
 
-def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_policy: str = "zeros") -> np.ndarray:
+def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_policy: str = "zeros", *, window=None,
+         softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None) -> np.ndarray:
     """Scaled dot-product attention, (B, Hq, Lq, Dv) float64.
 
     ``fully_masked_rows_policy`` gives the result for rows with no attendable key:
     'zeros' (the canonical one), 'nan', or 'uniform' (the mean of v over all keys).
+    The keyword-only options are the variants of the contract (README, "The contract";
+    spec/clauses.yaml sdpa.window ... sdpa.variant-order). Rows i >= query_lengths[b] are
+    padding: computed like any other row here, and never judged (judged_rows).
     """
+    variants = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, query_offset=query_offset,
+                    key_lengths=key_lengths)
     v = repeat_kv_heads(_f64(v), np.shape(q)[1])
-    weights = attention_weights(q, k, mask, is_causal, scale)
+    weights = attention_weights(q, k, mask, is_causal, scale, **variants)
     out = weights @ v
-    empty = fully_masked_rows(q, k, mask, is_causal)[..., None]
+    empty = fully_masked_rows(q, k, mask, is_causal, window=window, query_offset=query_offset,
+                              key_lengths=key_lengths)[..., None]
     if fully_masked_rows_policy == "nan":
         out = np.where(empty, np.nan, out)
     elif fully_masked_rows_policy == "uniform":

@@ -1,4 +1,5 @@
-"""What conftest.py delegates to: discovery, parametrisation, profiles, summary and report."""
+"""What the pytest plugin (attention_conformance/pytest_plugin.py) delegates to: discovery, parametrisation,
+profiles, summary and report."""
 from __future__ import annotations
 
 import os
@@ -11,17 +12,29 @@ import pytest
 
 from attention_conformance.implementations import DTYPE_NAMES, Implementation, ImplementationLoadError
 from attention_conformance.implementations import builtin_implementations, load_implementation
+from attention_conformance.implementations._arrays import ARRAY_KINDS, device_names
 
 from .specdata import SpecError, clauses, fixtures
 
 ENV_VAR = "ATTENTION_CONFORMANCE_IMPL"
 ENTRY_POINT_GROUP = "attention_conformance.implementations"
-DEVICES = ("cpu", "cuda")
 IMPLS_KEY = pytest.StashKey[list]()
 USER_NAMED_KEY = pytest.StashKey[set]()  # implementations the user named (--impl, $ENV_VAR, entry points)
-ARRAY_DEVICE_NAMES = {"numpy": ("cpu",), "torch": DEVICES, "jax": DEVICES}
 
-__all__ = ["DTYPE_NAMES"]
+__all__ = ["DTYPE_NAMES"]  # and DEVICES, from __getattr__
+
+
+def __getattr__(name: str):
+    # DEVICES (--device's choices, and what "all" selects) is the union of the array adapters' devices
+    # (implementations/_arrays.py), computed when asked so that a registered adapter's devices count.
+    if name == "DEVICES":
+        return device_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def array_devices(array: str) -> tuple[str, ...]:
+    """Every device the adapter of ``array`` can offer (present on this machine or not)."""
+    return tuple(ARRAY_KINDS[array].DEVICES)
 
 
 # ------------------------------------------------------------------ discovery
@@ -163,7 +176,7 @@ def deselect_selfcheck_for_user_impls(config, items) -> None:
 # ----------------------------------------------------------- parametrisation
 def _selected_devices(config) -> tuple[str, ...]:
     choice = config.getoption("device")
-    return DEVICES if choice == "all" else (choice,)
+    return device_names() if choice == "all" else (choice,)
 
 
 def _selected_dtypes(config, impl: Implementation, device: str) -> list[str]:
@@ -193,7 +206,7 @@ def implementation_params(config, op: str | None):
     """
     params = []
     for impl in implementations(config):
-        devices = [d for d in ARRAY_DEVICE_NAMES[impl.array] if d in _selected_devices(config)]
+        devices = [d for d in array_devices(impl.array) if d in _selected_devices(config)]
         if impl.declared_devices is not None:
             devices = [d for d in devices if d in impl.declared_devices]
         for device in devices:
@@ -326,12 +339,12 @@ def enforce_coverage(session) -> None:
 def _why_not_runnable(config, impl: Implementation) -> str:
     if impl.skip_reason:
         return impl.skip_reason
-    devices = [d for d in _selected_devices(config) if d in ARRAY_DEVICE_NAMES[impl.array]]
+    devices = [d for d in _selected_devices(config) if d in array_devices(impl.array)]
     if impl.declared_devices is not None:
         devices = [d for d in devices if d in impl.declared_devices]
     if not devices:
         return (f"--device {config.getoption('device')} selects none of the devices it runs on "
-                f"({', '.join(impl.declared_devices or ARRAY_DEVICE_NAMES[impl.array])})")
+                f"({', '.join(impl.declared_devices or array_devices(impl.array))})")
     present = [d for d in devices if d in impl.devices()]
     if not present:
         return "; ".join(absent_device_reason(impl, d) for d in devices)

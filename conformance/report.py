@@ -69,7 +69,7 @@ class CaseRecord:
 
 
 FIGURE_DIGITS = 6
-REPRO_HEADING = "repro (run from the repository root):"
+REPRO_HEADING = "repro (run with python in the directory pytest ran in):"  # --impl modules import from there
 REPRO_LEFT_OUT = "repro: left out here; the last failing record of this test, clause, device and dtype has it"
 
 
@@ -137,7 +137,9 @@ def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: s
             lines.append("}")
             arrays[name] = name
         elif isinstance(value, np.ndarray):
-            lines.append(f"{name} = {_array_literal(value, dtype)}")
+            # Lengths (int32) and ALiBi slopes (float32/float64) keep their own dtype (README, "The contract").
+            own = value.dtype.kind in "iu" or name == "alibi_slopes"
+            lines.append(f"{name} = {_array_literal(value, str(value.dtype) if own else dtype)}")
             arrays[name] = name
         else:
             options[name] = value
@@ -152,8 +154,12 @@ def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: s
     lines += [
         "got = got.astype(np.float64)",
         "agree = (got == want) | (np.isnan(got) & np.isnan(want))",
+    ]
+    if op == "sdpa" and "query_lengths" in arrays:  # padding rows (sdpa.varlen) are not judged
+        lines.append("agree |= ~np.broadcast_to(oracle.judged_rows(q, query_lengths)[..., None], got.shape)")
+    lines += [
         "print('max abs error', np.max(np.where(agree, 0.0, np.abs(got - want)), initial=0.0))",
-        "print('non-finite where the oracle is finite', int((~np.isfinite(got) & np.isfinite(want)).sum()))",
+        "print('non-finite where the oracle is finite', int((~np.isfinite(got) & np.isfinite(want) & ~agree).sum()))",
     ]
     return "\n".join(lines)
 
@@ -187,6 +193,6 @@ def failure_message(
     if worst:
         parts.append(f"  worst    {worst}")
     if snippet:
-        parts.append("  repro (run from the repository root):")
+        parts.append("  " + REPRO_HEADING)
         parts.append(textwrap.indent(snippet, "    "))
     return "\n".join(parts)

@@ -15,6 +15,8 @@ import jsonschema
 import numpy as np
 import yaml
 
+# spec/ and fixtures/ lie beside conformance/ in both layouts: a source checkout's root, and the
+# installed package attention_conformance/ (package data of the wheel).
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = ROOT / "spec"
 # Another fixtures directory can be validated and run by pointing this variable at it.
@@ -129,7 +131,11 @@ class Clause:
 @functools.lru_cache(maxsize=None)
 def clauses(spec_dir: Path = SPEC_DIR) -> dict[str, Clause]:
     found: dict[str, Clause] = {}
-    for path in sorted(Path(spec_dir).glob("clauses*.yaml")):
+    paths = sorted(Path(spec_dir).glob("clauses*.yaml"))
+    if not paths:  # a suite without its spec would judge nothing and say so nowhere
+        raise SpecError(Path(spec_dir), None, None, f"no clauses*.yaml in {Path(spec_dir).resolve()}: the suite's "
+                        "spec/ is missing (an installed suite ships it as package data: reinstall the suite)")
+    for path in paths:
         document = read_yaml(path)
         _validate(document, "clauses.schema.yaml", path, "clauses")
         for item in document["clauses"]:
@@ -202,6 +208,13 @@ def _check_shapes(fx: Fixture) -> np.ndarray:
         q, k = inputs["q"], inputs["k"]
         if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
             fail("inputs.k", f"shape {k.shape} does not fit q {q.shape} (same B and Dk, Hkv dividing Hq)")
+        b, hq, lq = q.shape[:3]
+        for name, limit in (("query_lengths", lq), ("key_lengths", k.shape[2])):
+            if name in inputs and (inputs[name].shape != (b,) or (inputs[name] > limit).any()):
+                fail(f"inputs.{name}", f"{inputs[name].tolist()}: {b} length(s) (B,) each at most {limit} expected")
+        slopes = inputs.get("alibi_slopes")
+        if slopes is not None and slopes.shape not in ((hq,), (b, hq)):
+            fail("inputs.alibi_slopes", f"shape {slopes.shape}; (Hq,) = ({hq},) or (B, Hq) = ({b}, {hq}) expected")
         if "v" in inputs and inputs["v"].shape[:3] != k.shape[:3]:
             fail("inputs.v", f"shape {inputs['v'].shape} does not fit k {k.shape} (same B, Hkv, Lk)")
         if "mask" in inputs:
@@ -249,7 +262,7 @@ def run_oracle(fx: Fixture, inputs: dict[str, Any] | None = None, policy: str = 
     if fx.op == "sdpa":
         return oracle.sdpa(
             args["q"], args["k"], args["v"], args.get("mask"), args.get("is_causal", False), args.get("scale"),
-            fully_masked_rows_policy=policy,
+            fully_masked_rows_policy=policy, **oracle.variant_options(args),
         )
     return oracle.multi_head_attention(**args)
 
@@ -272,6 +285,7 @@ def oracle_disagreement(fx: Fixture, got: np.ndarray | None = None) -> str | Non
     same_special = (np.isnan(got) & np.isnan(fx.expected)) | (np.isinf(got) & (got == fx.expected))
     with np.errstate(invalid="ignore"):
         within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected))
+    within |= ~judged_elements(fx, got.shape)
     if fx.kind == "example" and not within.all():
         index = _first(~within)
         return (f"the oracle does not reproduce the printed values: {int((~within).sum())} of {within.size} differ "
@@ -281,6 +295,16 @@ def oracle_disagreement(fx: Fixture, got: np.ndarray | None = None) -> str | Non
         return (f"the oracle reproduces this counterexample within atol {fx.atol:g} + rtol {fx.rtol:g}: "
                 "a counterexample must be values a correct implementation does not give")
     return None
+
+
+def judged_elements(fx: Fixture, shape: tuple[int, ...]) -> np.ndarray:
+    """Output elements a fixture's printed values are compared on: all but the padding rows of sdpa.varlen
+    (rows i >= query_lengths[b], unspecified; a fixture prints them as .nan)."""
+    from . import oracle
+
+    if fx.op != "sdpa" or fx.inputs.get("query_lengths") is None:
+        return np.ones(shape, dtype=bool)
+    return np.broadcast_to(oracle.judged_rows(fx.inputs["q"], fx.inputs["query_lengths"])[..., None], shape)
 
 
 def _first(where: np.ndarray) -> tuple[int, ...]:
@@ -323,7 +347,11 @@ def _load_entry(path: Path, document: dict, item: dict, known_clauses: dict[str,
         raise SpecError(path, entry, f"inputs.{missing[0]}", f"op {item['op']} needs inputs {missing}")
     inputs: dict[str, Any] = {}
     for name, value in item["inputs"].items():
-        if name == "params":
+        if name == "window":  # (left, right), None unbounded: structure, not an array
+            inputs[name] = tuple(value)
+        elif name in ("query_lengths", "key_lengths"):
+            inputs[name] = np.asarray(value, dtype=np.int32)
+        elif name == "params":
             inputs[name] = {p: materialise(a, path, entry, f"inputs.params.{p}") for p, a in value.items()}
         elif isinstance(value, (list, dict)):
             inputs[name] = materialise(value, path, entry, f"inputs.{name}")
@@ -367,7 +395,12 @@ def fixtures(fixtures_dir: Path = FIXTURES_DIR) -> tuple[Fixture, ...]:
     found: list[Fixture] = []
     seen: dict[str, Path] = {}
     problems: list[SpecError] = []
-    for path in sorted(Path(fixtures_dir).glob("*.yaml")):
+    paths = sorted(Path(fixtures_dir).glob("*.yaml"))
+    if not paths:
+        raise SpecError(Path(fixtures_dir), None, None, f"no *.yaml fixture file in {Path(fixtures_dir).resolve()} "
+                        "(an installed suite ships fixtures/ as package data: reinstall the suite; "
+                        "$ATTENTION_CONFORMANCE_FIXTURES names another directory)")
+    for path in paths:
         try:
             loaded = load_fixture_file(path, known)
         except SpecError as exc:

@@ -359,3 +359,79 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     label = (f"B{b} H{h} Lq{lq} Lk{lk} E{e} E_kv{e_kv} Dk{dk} Dv{dv} bias={with_bias} mask={kind}"
              f"{' causal' if is_causal else ''} seed={seed}")
     return Case("multi_head_attention", inputs, tuple(clauses), label, mask_kind=kind)
+
+
+# ------------------------------------------------------------------ variants
+# The sdpa variants of the contract (README, "The contract"; issue 17). A variant case is an sdpa case
+# drawn as above (inside the active region, kernel-shaped where the region demands it) with variant
+# keywords added, each drawn at its edges: windows of 0, past the length and one side unbounded; softcaps
+# from strong saturation to no-op, relative to the case's own score magnitude; ALiBi slopes geometric
+# (2^(-8h/H), Press et al.) or random over three decades, per head or per example and head; lengths 0, 1,
+# full or between; offsets 0, Lk - Lq (bottom-right) or between.
+VARIANTS = ("window", "softcap", "alibi_slopes", "query_offset", "lengths")
+# softcap / (largest |scale q.k| of the case): 0.05 saturates every score, 50 is nearly no-op.
+SOFTCAP_RATIOS = (0.05, 0.5, 1.0, 5.0, 50.0, 1e4)
+
+
+def _window_side(length: int):
+    """One side of a window: None (unbounded), 0, 1, past the length, or anything between."""
+    return st.one_of(st.none(), st.sampled_from([0, 1, length, length + 3]), st.integers(0, max(length, 1)))
+
+
+def _offsets(lq: int, lk: int):
+    bottom_right = max(lk - lq, 0)
+    return st.sampled_from(sorted({0, bottom_right})) | st.integers(0, max(bottom_right, 1))
+
+
+def _lengths(limit: int):
+    return st.sampled_from(sorted({0, 1, limit})) | st.integers(0, limit)
+
+
+@st.composite
+def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), mask_kinds=("none",),
+                  causal=st.booleans(), gqa: bool = True, scale=st.none(), same_lengths: bool = False,
+                  **base) -> Case:
+    """An sdpa case using the variant keywords named in ``variants`` (each always used) on a case of sdpa_cases.
+
+    ``variants``: names of VARIANTS; "lengths" draws key_lengths and, half the time, query_lengths.
+    ``base``: further keywords of sdpa_cases.
+    """
+    case = draw(sdpa_cases(mask_kinds=mask_kinds, causal=causal, gqa=gqa, scale=scale, same_lengths=same_lengths,
+                           clauses=clauses, allow_empty_rows=True, **base), label="base case")
+    inputs = dict(case.inputs)
+    q, k = inputs["q"], inputs["k"]
+    b, hq, lq, _ = q.shape
+    lk = k.shape[2]
+    words = []
+    if "query_offset" in variants:
+        offset = draw(_offsets(lq, lk), label="query_offset")
+        inputs["query_offset"] = offset
+        words.append(f"offset={offset}")
+    if "window" in variants:
+        window = (draw(_window_side(lk), label="window left"), draw(_window_side(lk), label="window right"))
+        inputs["window"] = window
+        words.append(f"window={window}")
+    if "softcap" in variants:
+        scale_value = inputs.get("scale", q.shape[-1] ** -0.5)
+        top = float(np.max(np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, hq), -1, -2) * scale_value), initial=0.0))
+        ratio = draw(st.sampled_from(SOFTCAP_RATIOS), label="softcap / max |score|")
+        # Kept within 1e-2 .. 6e4: a softcap a 16-bit implementation rounds to its dtype stays normal and finite.
+        inputs["softcap"] = float(np.clip(max(top, 1e-3) * ratio, 1e-2, 6e4))
+        words.append(f"softcap={inputs['softcap']:.3g} ({ratio}x max score)")
+    if "alibi_slopes" in variants:
+        form = draw(st.sampled_from(["geometric", "random", "per-example"]), label="ALiBi slopes")
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="slopes seed"))
+        if form == "geometric":  # Press et al.: 2^(-8h/H), h = 1..H
+            slopes = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
+        else:  # mixed magnitudes, 1e-3 .. 1
+            slopes = 10.0 ** rng.uniform(-3, 0, size=(b, hq) if form == "per-example" else (hq,))
+        inputs["alibi_slopes"] = slopes
+        words.append(f"alibi={form}")
+    if "lengths" in variants:
+        inputs["key_lengths"] = np.array([draw(_lengths(lk), label="key length") for _ in range(b)], dtype=np.int32)
+        words.append(f"key_lengths={inputs['key_lengths'].tolist()}")
+        if draw(st.booleans(), label="query lengths"):
+            inputs["query_lengths"] = np.array([draw(_lengths(lq), label="query length") for _ in range(b)],
+                                               dtype=np.int32)
+            words.append(f"query_lengths={inputs['query_lengths'].tolist()}")
+    return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)

@@ -10,6 +10,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from attention_conformance.implementations import _arrays as arrays
+
 from . import checks
 from .specdata import ROOT
 
@@ -142,39 +144,25 @@ def skipped_lines(tr) -> None:
 ABSENT_DEVICE = re.compile(r"(?P<device>\w+) is not available to (?P<impl>\S+) \(\w+\) on this machine")
 
 
+SUITE_MODULES = ("ml_dtypes", "hypothesis", "pytest")  # the suite's own dependencies; frameworks come from adapters
+
+
 def _framework_versions() -> dict[str, str | None]:
-    versions = {"python": platform.python_version()}
-    for name in ("numpy", "torch", "jax", "jaxlib", "ml_dtypes", "hypothesis", "pytest"):
+    """Python, each registered array framework (its adapter's version probe) and the suite's dependencies."""
+    versions = {"python": platform.python_version(), **arrays.framework_versions()}
+    for name in SUITE_MODULES:
         module = sys.modules.get(name)
         version = getattr(module, "__version__", None) if module else None
-        versions[name] = None if version is None else str(version)  # torch's is a str subclass xdist cannot send
+        versions[name] = None if version is None else str(version)
     return versions
 
 
 def _device_info() -> dict:
-    """cpu: the processor; cuda: torch's GPUs, if torch is imported; jax: JAX's devices, if its backends are up.
-
-    Nothing is imported or started for this: a framework the process never loaded
-    (or JAX with no backend initialised) adds nothing.
+    """cpu: the processor; then what each array adapter reports of its started devices (cuda: torch's GPUs,
+    jax: JAX's devices). Nothing is imported or started for this: a framework the process never loaded (or
+    JAX with no backend initialised) adds nothing.
     """
-    info: dict = {"cpu": platform.processor() or platform.machine()}
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                info["cuda"] = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
-        except Exception:  # a GPU in a bad state (a device-side assert, say) must not cost the report
-            pass
-    jax = sys.modules.get("jax")
-    if jax is not None:
-        try:
-            from jax._src import xla_bridge
-
-            if xla_bridge.backends_are_initialized():
-                info["jax"] = sorted({f"{d.platform}:{d.id} {d.device_kind}"
-                                      for platform_name in xla_bridge.backends() for d in jax.devices(platform_name)})
-        except Exception:
-            pass
+    info: dict = {"cpu": platform.processor() or platform.machine(), **arrays.device_info()}
     return {key: value for key, value in info.items() if value}
 
 

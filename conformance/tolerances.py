@@ -81,7 +81,35 @@ def _per_query_head(q, k, v, dk=None, dv=None):
     return q, k, v, dk, dv
 
 
-def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_in: float = 0.0):
+def _variant_score_error(q, k, scale_value: float, u: float, softcap=None, alibi_slopes=None, query_offset=0,
+                         sixteen_bit: bool = False, **_keys) -> np.ndarray | float:
+    """The extra rounding error per score of the score-changing variants (spec/tolerances.yaml, variants).
+
+    softcap: s / cap, tanh and cap * t each rounded (c_softcap u (|s| + |cap tanh(s / cap)|)); the
+    derivative of cap tanh(x / cap) is at most 1, so the errors of s itself pass through ungrown.
+    ALiBi: slope * |p_i - j| rounded and added (c_alibi u |bias|). Windows, lengths and the offset
+    only choose keys: no rounding of their own. (B, Hq, Lq, Lk), or 0.0 when neither is used.
+    """
+    if softcap is None and alibi_slopes is None:
+        return 0.0
+    factor = float(model()["sixteen_bit"]["safety_factor"] if sixteen_bit else model()["safety_factor"])
+    c = {key: float(value) * factor for key, value in model()["variants"].items() if key.startswith("c_")}
+    lq, lk = q.shape[-2], k.shape[-2]
+    extra = 0.0
+    if softcap is not None:
+        raw = scale_value * (q @ np.swapaxes(k, -1, -2))
+        extra = extra + c["c_softcap"] * u * (np.abs(raw) + np.abs(oracle.softcapped(raw, softcap)))
+    if alibi_slopes is not None:
+        extra = extra + c["c_alibi"] * u * np.abs(oracle.alibi_bias(alibi_slopes, lq, lk, query_offset))
+    return extra
+
+
+def _key_options(variants: dict) -> dict:
+    """The variants that remove keys (attention_bias's keywords)."""
+    return {n: variants[n] for n in ("window", "query_offset", "key_lengths") if n in variants}
+
+
+def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_in: float = 0.0, **variants):
     """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv.
 
     ``u_in`` is the relative rounding of each matmul input (TF32: 2^-11, else 0); it adds
@@ -90,12 +118,13 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
     q, k, v, dk, dv = _per_query_head(q, k, v, dk, dv)
     dk_, lk = q.shape[-1], k.shape[-2]
     scale_value = 1.0 / math.sqrt(dk_) if scale is None else float(scale)
-    weights = oracle.attention_weights(q, k, mask, is_causal, scale)
+    weights = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)
     abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(scale_value)
-    bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk)
+    bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk, **_key_options(variants))
     finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
     c_in = tf32_input_constant()
     score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias) + c_in * 2 * u_in * abs_scores
+    score_error = score_error + _variant_score_error(q, k, scale_value, u, **variants)
     if dq is not None:
         score_error = score_error + abs(scale_value) * (
             dq @ np.swapaxes(np.abs(k), -1, -2) + np.abs(q) @ np.swapaxes(dk, -1, -2)
@@ -148,7 +177,7 @@ def _sixteen_bit_underflow(u: float) -> float:
     raise ValueError(f"no 16-bit dtype has unit roundoff {u}")
 
 
-def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None):
+def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, **variants):
     """Allowed error per output element (B, Hq, Lq, Dv) of a 16-bit sdpa (spec/tolerances.yaml, sixteen_bit).
 
     dq, dk, dv: optional absolute errors of the inputs (the projections of multi_head_attention),
@@ -159,16 +188,21 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None)
     d, lk = q.shape[-1], k.shape[-2]
     scale_value = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kt = np.swapaxes(k, -1, -2)
-    p = oracle.attention_weights(q, k, mask, is_causal, scale)
+    p = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)
     attended = p > 0
     raw = scale_value * (q @ kt)  # scale * q . k
-    bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk)
-    s = raw + np.where(np.isfinite(bias), bias, 0.0)
+    if variants.get("softcap") is None and variants.get("alibi_slopes") is None:
+        bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk, **_key_options(variants))
+        s = raw + np.where(np.isfinite(bias), bias, 0.0)
+    else:  # the softcapped score plus ALiBi and the float mask: what the softmax sees, where finite
+        s = oracle.scores(q, k, mask, is_causal, scale, **variants)
+        s = np.where(np.isfinite(s), s, 0.0)
     row_max = np.max(np.where(attended, s, -np.inf), axis=-1, keepdims=True)
     shift = np.where(attended, s - np.where(np.isfinite(row_max), row_max, 0.0), 0.0)
     # delta_ij: the score's own roundings (product, scale, mask addition, max shift) and its float32 sum.
     delta = u * (c["c_score_round"] * np.abs(raw) + np.abs(s) + np.abs(shift))
     delta = delta + c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
+    delta = delta + _variant_score_error(q, k, scale_value, u, sixteen_bit=True, **variants)
     if dq is not None:
         delta = delta + abs(scale_value) * np.sqrt((dq * dq) @ (kt * kt) + (q * q) @ np.swapaxes(dk * dk, -1, -2))
     delta = np.where(attended, delta, 0.0)
@@ -218,10 +252,10 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None)
     return np.nan_to_num(allowed, nan=np.inf, posinf=np.inf)
 
 
-def _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str) -> np.ndarray:
+def _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str, **variants) -> np.ndarray:
     u = unit_roundoff(dtype)
-    allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u)
-    empty = oracle.fully_masked_rows(q, k, mask, is_causal)[..., None]
+    allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants)
+    empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
     if policy == "uniform":  # a fully masked row is the mean of v: the first-order model's bound for it
         v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
         spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
@@ -229,12 +263,16 @@ def _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str) ->
     return np.where(empty, 0.0, allowed)
 
 
-def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False) -> np.ndarray:
+def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False,
+                 **variants) -> np.ndarray:
+    """``variants``: the variant keywords of the case (oracle.variant_options); query_lengths changes nothing
+    here (padding rows are not judged)."""
+    variants = {n: x for n, x in variants.items() if n != "query_lengths"}
     if is_sixteen_bit(dtype):
-        return _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype, policy)
+        return _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype, policy, **variants)
     u = unit_roundoff(dtype)
-    allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32))
-    empty = oracle.fully_masked_rows(q, k, mask, is_causal)[..., None]
+    allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32), **variants)
+    empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
     if policy == "uniform":
         v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
         spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])

@@ -5,14 +5,16 @@ Every implementation, built-in or a user's, meets one public contract (README,
 or more of
 
     softmax(x, axis=-1)
-    sdpa(q, k, v, mask=None, is_causal=False, scale=None)
+    sdpa(q, k, v, mask=None, is_causal=False, scale=None,
+         *, window=None, softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None)
     multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False)
 
 and optionally the attributes
 
     DTYPES             names among float64, float32, float16, bfloat16 (default float32, float64),
                        or a dict {device: names} when they differ per device
-    ARRAY              "numpy" (default), "torch" or "jax": the array type it takes and returns
+    ARRAY              "numpy" (default), "torch", "jax", or the kind of an adapter registered in
+                       _arrays.py: the array type it takes and returns
     DEVICES            devices it runs on, e.g. ("cpu", "cuda"); default: every device of ARRAY present
     FULLY_MASKED_ROWS  "zeros" (default), "nan" or "uniform" (the mean of v over all keys),
                        or a dict {"bool": ..., "float": ...} when it depends on the mask kind
@@ -32,11 +34,14 @@ and optionally the attributes
                        a failure of that clause on a case whose facts match is reported
                        as a deviation (xfail), never hidden. facts: op, dtype, device,
                        scale, is_causal, mask_kind ("none", "bool", "float"), B, Hq, Hkv,
-                       Lq, Lk, Dk, Dv, fully_masked (the case has a row with no attendable key)
+                       Lq, Lk, Dk, Dv, fully_masked (the case has a row with no attendable key),
+                       variants (the variant keywords the case passes, README "The contract")
 
 An operation that is not exposed is reported as not implemented, never as a
 failure. A keyword the signature does not accept (no ``scale`` parameter, say)
-makes the cases that need it unsupported, never failed.
+makes the cases that need it unsupported, never failed; the variant keywords
+(sliding window, softcap, ALiBi, query offset, per-example lengths) are passed only
+to the cases that use them.
 
 The built-ins live one small class per framework in ``builtin.py``; their
 frameworks are imported only when a built-in is first called, so a framework that

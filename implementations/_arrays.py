@@ -1,16 +1,56 @@
-"""Moving NumPy test inputs into an implementation's array type and back.
+"""Array adapters: everything the suite knows about one array framework, in one class each.
 
-One small class per array kind. Frameworks are imported inside the methods, so
-merely naming an array kind imports nothing.
+An implementation declares ``ARRAY = "<kind>"``; the adapter registered under that
+kind is the only place the suite learns about the framework. Every adapter meets
+this contract (``ArrayAdapter`` gives the defaults):
+
+``kind``
+    The name implementations put in ARRAY.
+``DEVICES``
+    Every device name the framework can ever offer (a subset of, or an addition
+    to, "cpu" and "cuda"). ``--device``'s choices, DEVICES and DTYPES-by-device
+    of an implementation, and the parametrisation all come from the union over
+    the registered adapters (``device_names()``).
+``unavailable_reason()``
+    None when the framework imports, else why not (its implementations are then
+    skipped with that reason).
+``devices()``
+    The devices of DEVICES present on this machine (imports the framework).
+``to_native(array, device)`` / ``to_numpy(value)``
+    A NumPy test input (any of DTYPE_NAMES, bfloat16 as ml_dtypes.bfloat16) into
+    the framework's array on ``device``, and an output back into NumPy.
+``versions()``
+    Version of each module of ``VERSION_MODULES`` the process has imported, None for
+    one it has not: the report's environment lists them. Never imports anything.
+``device_info()``
+    Names of the framework's devices for the report (e.g. {"cuda": [...]}), only
+    when the framework is already imported and started. Never imports anything.
+``DIFFERENTIABLE`` and ``vjp(forward, primals, d_out, device)``
+    Whether the suite may differentiate an implementation of this kind
+    (conformance/gradients.py), and how: ``forward(**arrays)`` is called on the
+    native ``primals`` (name -> native array) and ``vjp`` returns ``(out,
+    {name: gradient or None})`` as native arrays for the upstream NumPy ``d_out``;
+    it raises NotDifferentiable when the output carries no gradient.
+
+Frameworks are imported inside the methods, so naming or registering an adapter
+imports nothing. A new framework is one subclass of ``ArrayAdapter`` added to
+ADAPTERS below; code outside the suite (a conftest, a plugin, or the module of the
+implementation itself, before the suite reads its ARRAY) calls ``register(adapter)``.
 """
 from __future__ import annotations
 
 import functools
+import sys
+from typing import Any, Callable
 
 import numpy as np
 
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
-DEVICE_NAMES = ("cpu", "cuda")  # what DEVICES, DTYPES-by-device and --device may name
+SUITE_DEVICES = ("cpu", "cuda")  # the device names the suite's own adapters use
+
+
+class NotDifferentiable(Exception):
+    """The implementation's output carries no gradient (detached, or not a framework array)."""
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -27,32 +67,67 @@ def dtype_name(dtype) -> str:
     return text.rsplit(".", 1)[-1]
 
 
-class NumpyArrays:
-    kind = "numpy"
+def _module_version(name: str) -> str | None:
+    module = sys.modules.get(name)
+    version = getattr(module, "__version__", None) if module else None
+    return None if version is None else str(version)  # torch's is a str subclass xdist cannot send
 
-    def devices(self) -> list[str]:
-        return ["cpu"]
+
+class ArrayAdapter:
+    """The defaults of the contract in the module docstring: a CPU-only framework that cannot differentiate."""
+
+    kind: str = ""
+    DEVICES: tuple[str, ...] = ("cpu",)
+    VERSION_MODULES: tuple[str, ...] = ()
+    DIFFERENTIABLE = False
 
     def unavailable_reason(self) -> str | None:
         return None
 
+    def devices(self) -> list[str]:
+        return list(self.DEVICES)
+
     def to_native(self, array: np.ndarray, device: str):
-        return array
+        raise NotImplementedError
 
     def to_numpy(self, value) -> np.ndarray:
         return np.asarray(value)
 
+    def versions(self) -> dict[str, str | None]:
+        return {name: _module_version(name) for name in self.VERSION_MODULES}
 
-class TorchArrays:
+    def device_info(self) -> dict[str, Any]:
+        return {}
+
+    def vjp(self, forward: Callable, primals: dict[str, Any], d_out: np.ndarray, device: str):
+        raise NotImplementedError(f"ARRAY {self.kind!r} does not differentiate")
+
+
+def _import_reason(module: str) -> str | None:
+    try:
+        __import__(module)
+    except Exception as exc:  # ImportError or a broken install
+        return f"{module} is not importable: {exc}"
+    return None
+
+
+class NumpyArrays(ArrayAdapter):
+    kind = "numpy"
+    VERSION_MODULES = ("numpy",)
+
+    def to_native(self, array: np.ndarray, device: str):
+        return array
+
+
+class TorchArrays(ArrayAdapter):
     kind = "torch"
+    DEVICES = ("cpu", "cuda")
+    VERSION_MODULES = ("torch",)
+    DIFFERENTIABLE = True
 
     @functools.cache  # one attempt per run: a failing import is retried from scratch every time
     def unavailable_reason(self) -> str | None:
-        try:
-            import torch  # noqa: F401
-        except Exception as exc:  # ImportError or a broken install
-            return f"torch is not importable: {exc}"
-        return None
+        return _import_reason("torch")
 
     @functools.cache  # devices do not come and go during a run
     def devices(self) -> list[str]:
@@ -78,17 +153,41 @@ class TorchArrays:
             return value.float().numpy().astype(numpy_dtype("bfloat16"))
         return value.numpy()
 
+    def device_info(self) -> dict[str, Any]:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return {}
+        try:
+            if torch.cuda.is_available():
+                return {"cuda": [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]}
+        except Exception:  # a GPU in a bad state (a device-side assert, say) must not cost the report
+            pass
+        return {}
 
-class JaxArrays:
+    def vjp(self, forward, primals, d_out, device):
+        import torch
+
+        leaves = {name: value.detach().requires_grad_(True) for name, value in primals.items()}
+        with torch.enable_grad():
+            out = forward(**leaves)
+            if not isinstance(out, torch.Tensor):
+                raise NotDifferentiable(f"sdpa returned {type(out).__name__}, not a torch.Tensor")
+            if not out.requires_grad:
+                raise NotDifferentiable(
+                    "the output does not require grad (the graph was cut: detach, NumPy or no_grad)")
+            out.backward(self.to_native(np.asarray(d_out), device).to(out.dtype))
+        return out, {name: leaf.grad for name, leaf in leaves.items()}
+
+
+class JaxArrays(ArrayAdapter):
     kind = "jax"
+    DEVICES = ("cpu", "cuda")
+    VERSION_MODULES = ("jax", "jaxlib")
+    DIFFERENTIABLE = True
 
     @functools.cache
     def unavailable_reason(self) -> str | None:
-        try:
-            import jax  # noqa: F401
-        except Exception as exc:
-            return f"jax is not importable: {exc}"
-        return None
+        return _import_reason("jax")
 
     def _jax(self):
         import jax
@@ -114,8 +213,77 @@ class JaxArrays:
         platform = "gpu" if device == "cuda" else "cpu"
         return jax.device_put(array, jax.devices(platform)[0])
 
-    def to_numpy(self, value) -> np.ndarray:
-        return np.asarray(value)
+    def device_info(self) -> dict[str, Any]:
+        jax = sys.modules.get("jax")
+        if jax is None:
+            return {}
+        try:
+            from jax._src import xla_bridge
+
+            # Only backends the run started: asking for devices would start the others.
+            if xla_bridge.backends_are_initialized():
+                return {"jax": sorted({f"{d.platform}:{d.id} {d.device_kind}"
+                                       for platform in xla_bridge.backends() for d in jax.devices(platform)})}
+        except Exception:
+            pass
+        return {}
+
+    def vjp(self, forward, primals, d_out, device):
+        jax = self._jax()
+        names = list(primals)
+        out, pullback = jax.vjp(lambda *arrays: forward(**dict(zip(names, arrays))), *primals.values())
+        cotangents = pullback(self.to_native(np.asarray(d_out), device).astype(out.dtype))
+        return out, dict(zip(names, cotangents))
 
 
-ARRAY_KINDS = {"numpy": NumpyArrays(), "torch": TorchArrays(), "jax": JaxArrays()}
+ADAPTERS: tuple[ArrayAdapter, ...] = (NumpyArrays(), TorchArrays(), JaxArrays())
+ARRAY_KINDS: dict[str, ArrayAdapter] = {adapter.kind: adapter for adapter in ADAPTERS}
+
+
+def register(adapter: ArrayAdapter) -> ArrayAdapter:
+    """Make ``adapter`` the one for ARRAY = adapter.kind (replacing one of that kind); returns it.
+
+    Devices it brings that no other adapter has reach --device's choices only when
+    it is registered before pytest parses the options (a conftest or a plugin).
+    """
+    if not adapter.kind or not isinstance(adapter.kind, str):
+        raise ValueError(f"{type(adapter).__name__}: an array adapter needs a kind (the name ARRAY gives)")
+    if not adapter.DEVICES or isinstance(adapter.DEVICES, str):
+        raise ValueError(f"{type(adapter).__name__}: DEVICES must be a non-empty tuple of device names")
+    ARRAY_KINDS[adapter.kind] = adapter
+    return adapter
+
+
+def device_names() -> tuple[str, ...]:
+    """Every device a registered adapter can offer: the suite's first, then others in registration order."""
+    found = list(SUITE_DEVICES)
+    for adapter in ARRAY_KINDS.values():
+        found.extend(d for d in adapter.DEVICES if d not in found)
+    return tuple(found)
+
+
+def differentiable_kinds() -> tuple[str, ...]:
+    return tuple(kind for kind, adapter in ARRAY_KINDS.items() if adapter.DIFFERENTIABLE)
+
+
+def framework_versions() -> dict[str, str | None]:
+    """The registered frameworks' versions (None: not imported by this process)."""
+    versions: dict[str, str | None] = {}
+    for adapter in ARRAY_KINDS.values():
+        versions.update(adapter.versions())
+    return versions
+
+
+def device_info() -> dict[str, Any]:
+    """The registered frameworks' device names for the report, from those already imported and started."""
+    info: dict[str, Any] = {}
+    for adapter in ARRAY_KINDS.values():
+        info.update(adapter.device_info())
+    return info
+
+
+def __getattr__(name: str):
+    # DEVICE_NAMES follows the adapters registered so far, so it is computed on each access.
+    if name == "DEVICE_NAMES":
+        return device_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import ARRAY_KINDS, DEVICE_NAMES, DTYPE_NAMES, dtype_name, numpy_dtype
+from ._arrays import ARRAY_KINDS, DTYPE_NAMES, device_names, dtype_name, numpy_dtype
 from ._region import EVERYTHING, Region, RegionError, parse_region, shape_facts
 
 OPERATIONS = ("softmax", "sdpa", "multi_head_attention")
@@ -20,7 +20,9 @@ FLOAT32_MATMUL_MODES = ("ieee", "tf32")
 # implementation without the parameter still runs every case that does not need it.
 OPTIONAL_KEYWORDS = {
     "softmax": {"axis": -1},
-    "sdpa": {"mask": None, "is_causal": False, "scale": None},
+    # The variant keywords (issue 17) are keyword-only, passed only when a case uses them.
+    "sdpa": {"mask": None, "is_causal": False, "scale": None, "window": None, "softcap": None, "alibi_slopes": None,
+             "query_offset": 0, "query_lengths": None, "key_lengths": None},
     "multi_head_attention": {"mask": None, "is_causal": False},
 }
 
@@ -174,9 +176,10 @@ class Implementation:
         for key, default in OPTIONAL_KEYWORDS[op].items():
             value = merged.get(key, default)
             if _differs(value, default):
-                kwargs[key] = native(value) if key == "mask" else value
-        if kwargs.get("mask") is not None:
-            passed["mask"] = kwargs["mask"]
+                # Array keywords (the mask, ALiBi slopes, per-example lengths) in the implementation's array type.
+                kwargs[key] = native(value) if isinstance(value, np.ndarray) else value
+                if isinstance(value, np.ndarray):
+                    passed[key] = kwargs[key]
         return self.operation(op)(*args, **kwargs)
 
     def describe(self) -> dict:
@@ -191,7 +194,7 @@ class Implementation:
             "known_deviations": [{"clause": d["clause"] if isinstance(d["clause"], str) else ", ".join(d["clause"]),
                                   "reason": d["reason"]} for d in self.known_deviations],
             "supports": self.region.describe() if self.region.declared else "everything",
-            "float32_matmul": {d: self.float32_matmul.get(d, "ieee") for d in DEVICE_NAMES},
+            "float32_matmul": {d: self.float32_matmul.get(d, "ieee") for d in device_names()},
             "skip_reason": self.skip_reason,
         }
 
@@ -244,25 +247,25 @@ def from_object(obj, name: str, spec: str) -> Implementation:
     if devices is not None:
         if isinstance(devices, str) or not all(isinstance(d, str) for d in devices):
             raise ImplementationLoadError(f"{spec}: DEVICES must be a tuple of device names, got {devices!r}")
-        unknown_devices = [d for d in devices if d not in DEVICE_NAMES]
+        unknown_devices = [d for d in devices if d not in device_names()]
         if unknown_devices:
             raise ImplementationLoadError(
-                f"{spec}: DEVICES names unknown devices {unknown_devices}; allowed: {list(DEVICE_NAMES)}")
+                f"{spec}: DEVICES names unknown devices {unknown_devices}; allowed: {list(device_names())}")
     if by_device is not None:
-        unknown_devices = [d for d in by_device if d not in DEVICE_NAMES]
+        unknown_devices = [d for d in by_device if d not in device_names()]
         if unknown_devices:
             raise ImplementationLoadError(
-                f"{spec}: DTYPES names unknown devices {unknown_devices}; allowed: {list(DEVICE_NAMES)}")
+                f"{spec}: DTYPES names unknown devices {unknown_devices}; allowed: {list(device_names())}")
     try:
         region = parse_region(getattr(obj, "SUPPORTS", None), getattr(obj, "supports", None))
     except RegionError as exc:
         raise ImplementationLoadError(f"{spec}: {exc}") from None
     matmul = getattr(obj, "FLOAT32_MATMUL", "ieee")
-    matmul = {d: matmul for d in DEVICE_NAMES} if isinstance(matmul, str) else dict(matmul)
-    if not set(matmul) <= set(DEVICE_NAMES) or any(m not in FLOAT32_MATMUL_MODES for m in matmul.values()):
+    matmul = {d: matmul for d in device_names()} if isinstance(matmul, str) else dict(matmul)
+    if not set(matmul) <= set(device_names()) or any(m not in FLOAT32_MATMUL_MODES for m in matmul.values()):
         raise ImplementationLoadError(
             f"{spec}: FLOAT32_MATMUL={getattr(obj, 'FLOAT32_MATMUL')!r} must be one of {list(FLOAT32_MATMUL_MODES)} "
-            f"or a dict mapping devices ({', '.join(DEVICE_NAMES)}) to one of them")
+            f"or a dict mapping devices ({', '.join(device_names())}) to one of them")
     deviations = tuple(getattr(obj, "KNOWN_DEVIATIONS", ()))
     for index, deviation in enumerate(deviations):
         if not (isinstance(deviation, dict) and {"clause", "when", "reason"} <= set(deviation) and callable(deviation["when"])):

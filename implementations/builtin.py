@@ -13,11 +13,17 @@ Paths:
   torch_sdpa_flash, torch_sdpa_efficient, torch_sdpa_cudnn
                 the same pinned to one CUDA kernel (CUDA only)
   torch_flex    torch.nn.attention.flex_attention under torch.compile (CUDA only)
+  torch_flex_cpu  the same flex_attention eager on the CPU (its reference semantics, every variant)
   torch_nn_mha  torch.nn.MultiheadAttention (multi_head_attention only)
   jax_dpa       jax.nn.dot_product_attention (XLA path; TF32 float32 matmuls on GPU, JAX's default)
   jax_dpa_cudnn jax.nn.dot_product_attention(implementation="cudnn") (CUDA only)
   jax_pallas_flash  the Pallas (Triton) flash attention of jax.experimental.pallas.ops.gpu (CUDA only)
   jax_numpy     hand-written jax.numpy, float32 matmuls at full float32 precision
+
+The variant keywords of sdpa (window, softcap, alibi_slopes, query_offset, query_lengths,
+key_lengths; README "The contract") are in the signature of every path that can express
+them; a path without one is unsupported on the cases that use it (README, "What the
+built-ins taught us", says which and why).
 
 What each CUDA path refuses (SUPPORTS) and gets wrong (KNOWN_DEVIATIONS) was measured on
 an H100 (torch 2.11.0+cu130, jax 0.11.2; benchmarks/gpu_probe.py and the suite's GPU runs,
@@ -31,6 +37,49 @@ import math
 import numpy as np
 
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+# The variant keywords of the contract (issue 17) and their defaults; a call passes one only when a case uses it.
+VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "query_offset": 0,
+                    "query_lengths": None, "key_lengths": None}
+
+
+def _used_variants(**given) -> dict:
+    return {name: value for name, value in given.items() if value is not VARIANT_DEFAULTS[name]
+            and not (name == "query_offset" and value == 0)}
+
+
+def _host_ints(x) -> np.ndarray:
+    """Per-example lengths as NumPy ints (they are structure: which keys exist, not data)."""
+    return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(np.int64)
+
+
+def _distance(lq: int, lk: int, query_offset: int) -> np.ndarray:
+    """(lq, lk): p_i - j, query i at position query_offset + i, key j at j."""
+    return (query_offset + np.arange(lq))[:, None] - np.arange(lk)[None, :]
+
+
+def _positions_allowed(lq, lk, is_causal=False, window=None, query_offset=0, key_lengths=None) -> np.ndarray:
+    """(B or 1, 1, lq, lk) boolean: keys the causal band, the window and the key lengths leave."""
+    d = _distance(lq, lk, query_offset)
+    allowed = np.ones((lq, lk), dtype=bool)
+    if is_causal:
+        allowed &= d >= 0
+    if window is not None:
+        left, right = window
+        if left is not None:
+            allowed &= d <= left
+        if right is not None:
+            allowed &= -d <= right
+    allowed = allowed[None, None]
+    if key_lengths is not None:
+        allowed = allowed & (np.arange(lk) < _host_ints(key_lengths).reshape(-1, 1, 1, 1))
+    return allowed
+
+
+def _slopes_4d(slopes, hq: int):
+    """ALiBi slopes (Hq,) or (B, Hq) as (1 or B, Hq, 1, 1), in the slopes' own array type."""
+    return slopes.reshape((1,) * (2 - slopes.ndim) + tuple(slopes.shape) + (1, 1))
 
 
 def _head_groups(q, k) -> int:
@@ -76,11 +125,11 @@ def _jitted(fn, *static: str):
     shape, several times slower. Only structure is static (is_causal, an axis, the
     head count): a scale is traced, so a new scale value does not recompile.
     """
-    if fn not in _JITTED:
+    if (fn, static) not in _JITTED:  # the same body jitted with more static arguments is another program
         import jax
 
-        _JITTED[fn] = jax.jit(fn, static_argnames=static)
-    return _JITTED[fn]
+        _JITTED[(fn, static)] = jax.jit(fn, static_argnames=static)
+    return _JITTED[(fn, static)]
 
 
 def _jax_sdpa(body, q, k, v, mask, is_causal, scale):
@@ -118,10 +167,13 @@ class NumpyOracle:
         return oracle.softmax(x, axis=axis)
 
     @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None):
         from attention_conformance.conformance import oracle
 
-        return oracle.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+        variants = _used_variants(window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                  query_offset=query_offset, query_lengths=query_lengths, key_lengths=key_lengths)
+        return oracle.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale, **variants)
 
     @staticmethod
     def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
@@ -157,16 +209,23 @@ class NumpyNative:
         return (e / total).astype(dtype)
 
     @classmethod
-    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None):
+        # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
         dtype = q.dtype
         group = _head_groups(q, k)
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         lq, lk = q.shape[-2], k.shape[-2]
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         scores = ((q @ np.swapaxes(k, -1, -2)).astype(dtype) * dtype.type(scale)).astype(dtype)
-        allowed = np.ones((lq, lk), dtype=bool)
-        if is_causal:
-            allowed = np.tril(allowed)
+        if softcap is not None:
+            cap = dtype.type(softcap)
+            scores = (np.tanh((scores / cap).astype(dtype)).astype(dtype) * cap).astype(dtype)
+        if alibi_slopes is not None:
+            distance = np.abs(_distance(lq, lk, query_offset)).astype(dtype)
+            scores = (scores - (_slopes_4d(alibi_slopes, q.shape[1]).astype(dtype) * distance).astype(dtype))
+            scores = scores.astype(dtype)
+        allowed = _positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths)
         if mask is not None and mask.dtype == np.bool_:
             allowed = allowed & mask
         elif mask is not None:
@@ -211,7 +270,8 @@ class TorchMath:
         return torch.softmax(x, dim=axis)
 
     @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None):
         import torch
 
         group = _head_groups(q, k)
@@ -220,9 +280,13 @@ class TorchMath:
         lq, lk = q.shape[-2], k.shape[-2]
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         scores = (q @ k.transpose(-1, -2)) * scale
-        allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-        if is_causal:
-            allowed = allowed.tril()
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if alibi_slopes is not None:
+            distance = torch.from_numpy(np.abs(_distance(lq, lk, query_offset))).to(q.device)
+            scores = scores - (_slopes_4d(alibi_slopes, q.shape[1]) * distance).to(scores.dtype)
+        allowed = torch.from_numpy(_positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths))
+        allowed = allowed.to(q.device)
         if mask is not None and mask.dtype == torch.bool:
             allowed = allowed & mask
         elif mask is not None:
@@ -307,10 +371,26 @@ class TorchSDPA:
         return F.softmax(x, dim=axis)
 
     @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0):
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0, *, window=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None):
+        # No softcap: SDPA has no hook between q.k and the mask, so softcap cases are unsupported. The causal
+        # band with an offset, windows and key lengths reach SDPA as its boolean attn_mask, ALiBi as its float
+        # attn_mask (the bias plus any float mask): a test of SDPA's mask paths, not of a native variant.
         import torch
         import torch.nn.functional as F
 
+        if window is not None or alibi_slopes is not None or query_offset or key_lengths is not None:
+            lq, lk = q.shape[-2], k.shape[-2]
+            allowed = torch.from_numpy(_positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths))
+            allowed = allowed.to(q.device)
+            if mask is not None and mask.dtype == torch.bool:
+                allowed, mask = allowed & mask, None
+            if alibi_slopes is not None:
+                distance = torch.from_numpy(np.abs(_distance(lq, lk, query_offset))).to(q.device)
+                bias = -(_slopes_4d(alibi_slopes, q.shape[1]) * distance).to(q.dtype)
+                mask = bias if mask is None else bias + mask
+            mask = allowed if mask is None else torch.where(allowed, mask, float("-inf"))
+            is_causal = False
         if is_causal and mask is not None:
             # Some torch kernels refuse attn_mask with is_causal ("Explicit attn_mask should
             # not be set when is_causal=True"); the contract intersects them, so fold the
@@ -413,29 +493,93 @@ class TorchFlexAttention:
         return cls._compiled
 
     @classmethod
-    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None):
+        # Every variant is flex's own: the causal band (offset), the window, key lengths and a boolean mask are one
+        # mask_mod (a BlockMask); softcap, ALiBi and a float mask one score_mod, in the contract's order.
         import torch
         from torch.nn.attention.flex_attention import create_block_mask
 
         b, hq, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         block_mask = score_mod = None
-        keep = None
+        keep = bias = slopes = lengths = None
         if mask is not None and mask.dtype == torch.bool:
             keep = mask.expand(b, hq, lq, lk).contiguous()
-        if is_causal or keep is not None:
+        elif mask is not None:
+            bias = mask.expand(b, hq, lq, lk).contiguous()
+        if key_lengths is not None:
+            lengths = key_lengths.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
+        if alibi_slopes is not None:
+            slopes = _slopes_4d(alibi_slopes, hq)[..., 0, 0].expand(b, hq).contiguous()
+        left, right = window if window is not None else (None, None)
+        offset = int(query_offset)
+
+        if is_causal or keep is not None or window is not None or lengths is not None:
             def mask_mod(bi, h, qi, ki):
-                allowed = ki <= qi if is_causal else ki >= 0
+                p = qi + offset
+                allowed = ki <= p if is_causal else ki >= 0
+                if left is not None:
+                    allowed = allowed & (ki >= p - left)
+                if right is not None:
+                    allowed = allowed & (ki <= p + right)
+                if lengths is not None:
+                    allowed = allowed & (ki < lengths[bi])
                 return allowed & keep[bi, h, qi, ki] if keep is not None else allowed
 
             block_mask = create_block_mask(mask_mod, b, hq, lq, lk, device=q.device)
-        if mask is not None and mask.dtype != torch.bool:
-            bias = mask.expand(b, hq, lq, lk).contiguous()
-
+        if softcap is not None or slopes is not None or bias is not None:
             def score_mod(score, bi, h, qi, ki):
-                return score + bias[bi, h, qi, ki]
+                if softcap is not None:
+                    score = torch.tanh(score / softcap) * softcap
+                if slopes is not None:
+                    score = score - slopes[bi, h] * (qi + offset - ki).abs()
+                if bias is not None:
+                    score = score + bias[bi, h, qi, ki]
+                return score
 
         return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                            enable_gqa=hq != k.shape[1])
+
+
+class TorchFlexAttentionCPU(TorchFlexAttention):
+    """flex_attention on the CPU, eager (unfused): the framework path that expresses every variant on a CPU.
+
+    Measured on the 2-core CI-like CPU (torch 2.13, benchmarks/variant_probe.py, machine shared): under
+    torch.compile the first call of each new shape takes 15-45 s (inductor's C++ backend), then 16-31 ms; eager
+    takes 0.8-1.2 s for its first call and 20-120 ms a call after (flex traces the mods on every call), against
+    under 10 ms for torch_sdpa. So the CPU built-in runs eager, and is marked COMPILED: a per-call cost of a
+    compile's order earns a compiling implementation's reduced example budget (a tenth; the full default
+    budget took 9 min for this built-in alone in float32). It checks flex's semantics (the same
+    mask_mod/score_mod as torch_flex), not its fused kernel. float32 only: each dtype adds every fixture again.
+    """
+
+    NAME = "torch_flex_cpu"
+    DEVICES = ("cpu",)
+    DTYPES = ("float32",)
+    COMPILED = True
+    SUPPORTS = {}
+
+    @classmethod
+    def _flex(cls):
+        import warnings
+
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def eager(*args, **kwargs):
+            with warnings.catch_warnings():
+                # "flex_attention called without torch.compile()": intended here (see the class docstring).
+                warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+                return flex_attention(*args, **kwargs)
+
+        return eager
+
+    @classmethod
+    def sdpa(cls, q, k, v, *args, **kwargs):
+        # Refused up front: flex raises "FlexAttention does not support backward on CPU" (torch 2.13) only after a
+        # whole forward, which cost the gradient tests about 20 s of a default run.
+        if any(t.requires_grad for t in (q, k, v)):
+            raise NotImplementedError("flex_attention has no backward on the CPU (torch 2.13)")
+        return super().sdpa(q, k, v, *args, **kwargs)
 
 
 class TorchMultiheadAttentionModule:
@@ -554,14 +698,33 @@ class JaxDotProductAttention:
         return jax.nn.softmax(x, axis=axis)
 
     @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, alibi_slopes=None, query_offset=0,
+             query_lengths=None, key_lengths=None):
+        # No softcap (the API has none). Measured on jax 0.10.2 CPU (benchmarks/variant_probe.py): local_window_size
+        # (l, r) allows i - l <= j <= i + r, both edges inclusive, aligned at query 0 (also when Lq != Lk, also with
+        # is_causal), as the contract's window with query_offset 0; key_value_seq_lengths masks keys j >= length (a
+        # row left with none averages v, as a fully masked boolean row does); query_seq_lengths zeroes the padding
+        # rows. JAX has no query offset, so query_offset > 0 is refused. ALiBi travels as the API's bias.
         if k.shape[-1] != v.shape[-1]:
             raise NotImplementedError("jax.nn.dot_product_attention requires Dv == Dk")
+        if query_offset:
+            raise NotImplementedError("jax.nn.dot_product_attention has no query offset: is_causal and "
+                                      "local_window_size are aligned at query 0")
         with _xla_gpu_dot_refusal_unsupported():
-            return _jax_sdpa(JaxDotProductAttention._sdpa, q, k, v, mask, is_causal, scale)
+            if window is None and alibi_slopes is None and query_lengths is None and key_lengths is None:
+                return _jax_sdpa(JaxDotProductAttention._sdpa, q, k, v, mask, is_causal, scale)
+            if window is not None:  # an unbounded side: a size beyond every distance between a query and a key
+                beyond = q.shape[2] + k.shape[2]
+                window = tuple(beyond if side is None else int(side) for side in window)
+            if scale is not None:
+                scale = np.float64(scale)
+            return _jitted(JaxDotProductAttention._sdpa, "is_causal", "window")(
+                q, k, v, mask, is_causal=is_causal, scale=scale, window=window, alibi_slopes=alibi_slopes,
+                query_lengths=query_lengths, key_lengths=key_lengths)
 
     @staticmethod
-    def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+    def _sdpa(q, k, v, mask=None, is_causal=False, scale=None, window=None, alibi_slopes=None, query_lengths=None,
+              key_lengths=None):
         import jax
         import jax.numpy as jnp
 
@@ -576,6 +739,11 @@ class JaxDotProductAttention:
                 boolean = mask
             else:
                 bias = mask
+        if alibi_slopes is not None:
+            lq, lk = q.shape[2], k.shape[2]
+            distance = jnp.abs(jnp.arange(lq)[:, None] - jnp.arange(lk)[None, :]).astype(alibi_slopes.dtype)
+            alibi = (-_slopes_4d(alibi_slopes, q.shape[1]) * distance).astype(q.dtype)
+            bias = alibi if bias is None else alibi + bias
         out = jax.nn.dot_product_attention(
             jnp.swapaxes(q, 1, 2),  # the API's layout is (B, L, H, D)
             jnp.swapaxes(k, 1, 2),
@@ -584,6 +752,9 @@ class JaxDotProductAttention:
             mask=boolean,
             scale=scale,
             is_causal=is_causal,
+            query_seq_lengths=query_lengths,
+            key_value_seq_lengths=key_lengths,
+            local_window_size=window,
         )
         return jnp.swapaxes(out, 1, 2)
 
@@ -613,11 +784,20 @@ class JaxNumpy:
         return e / jnp.sum(e, axis=axis, keepdims=True)
 
     @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
-        return _jax_sdpa(JaxNumpy._sdpa, q, k, v, mask, is_causal, scale)
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None):
+        # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
+        if window is None and softcap is None and alibi_slopes is None and not query_offset and key_lengths is None:
+            return _jax_sdpa(JaxNumpy._sdpa, q, k, v, mask, is_causal, scale)
+        # Structure is static (one compile per window/softcap/offset), arrays are traced.
+        return _jitted(JaxNumpy._sdpa, "is_causal", "window", "softcap", "query_offset")(
+            q, k, v, mask, is_causal=is_causal, scale=None if scale is None else np.float64(scale),
+            window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
+            query_offset=int(query_offset), key_lengths=key_lengths)
 
     @staticmethod
-    def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+    def _sdpa(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
+              query_offset=0, key_lengths=None):
         import jax.numpy as jnp
 
         group = _head_groups(q, k)
@@ -626,9 +806,22 @@ class JaxNumpy:
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         # precision HIGHEST: float32 matmuls at float32 precision on GPUs too (JAX's default there is TF32).
         scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision="highest") * jnp.asarray(scale, q.dtype)
-        allowed = jnp.ones((lq, lk), dtype=bool)
+        if softcap is not None:
+            scores = jnp.tanh(scores / softcap) * softcap
+        distance = (query_offset + jnp.arange(lq))[:, None] - jnp.arange(lk)[None, :]
+        if alibi_slopes is not None:
+            bias = _slopes_4d(alibi_slopes, q.shape[1]) * jnp.abs(distance).astype(alibi_slopes.dtype)
+            scores = scores - bias.astype(scores.dtype)
+        allowed = jnp.ones((1, 1, lq, lk), dtype=bool)
         if is_causal:
-            allowed = jnp.tril(allowed)
+            allowed = allowed & (distance >= 0)
+        left, right = window if window is not None else (None, None)
+        if left is not None:
+            allowed = allowed & (distance <= left)
+        if right is not None:
+            allowed = allowed & (-distance <= right)
+        if key_lengths is not None:
+            allowed = allowed & (jnp.arange(lk) < key_lengths.reshape(-1, 1, 1, 1))
         if mask is not None and mask.dtype == jnp.bool_:
             allowed = allowed & mask
         elif mask is not None:
@@ -747,6 +940,7 @@ BUILTINS = (
     TorchMemoryEfficientAttention,
     TorchCuDNNAttention,
     TorchFlexAttention,
+    TorchFlexAttentionCPU,
     TorchMultiheadAttentionModule,
     JaxDotProductAttention,
     JaxCuDNNAttention,

@@ -13,6 +13,7 @@ import html
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 
 from attention_conformance.conformance import agreement, checks, html_report, plugin, summary
-from attention_conformance.conformance.report import CaseRecord, parse_shapes, shapes_text
+from attention_conformance.conformance.report import REPRO_HEADING, CaseRecord, parse_shapes, shapes_text
 from attention_conformance.conformance.specdata import ROOT, clauses
 
 pytestmark = pytest.mark.selfcheck
@@ -87,25 +88,81 @@ def test_a_passing_run_writes_a_valid_report_and_page(tmp_path):
     else:
         assert "matplotlib is not installed" in page
     assert "No judged case failed" in page
+    assert "<details>" not in page[page.index("<h2>Failures</h2>"):]
 
 
-def test_a_failing_run_lists_the_failures_in_both_files(tmp_path):
-    done, json_path, html_path = run_with_report(tmp_path, "examples.wrong_axis_softmax", "-k", "test_fixture")
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    """One correct and one broken implementation in one run (fixtures only): a page with passes and failures."""
+    return run_with_report(tmp_path_factory.mktemp("mixed"), "examples.my_attention", "--impl",
+                           "examples.wrong_axis_softmax", "-k", "test_fixture")
+
+
+def test_a_failing_run_lists_the_failures_in_both_files(mixed_run):
+    done, json_path, html_path = mixed_run
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     report = json.loads(json_path.read_text())
     validate(report)
     assert report["exit_status"] == 1
     failed = [c for c in report["cases"] if c["status"] == "failed"]
+    assert {c["implementation"] for c in failed} == {"examples_wrong_axis_softmax"}
     assert {c["clause"] for c in failed} & {"softmax.last-axis", "softmax.definition"}, failed[:3]
     assert all(c["message"].startswith(f"[{c['clause']}]") for c in failed)
     assert all(c["op"] == "softmax" and parse_shapes(c["shapes"]) for c in failed)
     assert report["summary"]["examples_wrong_axis_softmax"]["failed"] == len(failed)
+    assert report["summary"]["examples_my_attention"]["failed"] == 0
 
     page = html_path.read_text(encoding="utf-8")
     assert "<h2>Failures</h2>" in page and 'class="failures"' in page
+    section = page[page.index("<h2>Failures</h2>"):]
+    section = section[:section.find("<h2>", 4) if "<h2>" in section[4:] else None]
+    groups = {(c["implementation"], c["test"], c["clause"], c["op"], c["device"], c["dtype"]) for c in failed}
+    rows = section[:section.index("</table>")].count("<tr>") - 1
+    assert rows == len(groups) == section.count("<details>")  # one folded message and repro per group
+    assert "<details open" not in page
+    visible = re.sub(r"<details>.*?</details>", "", section, flags=re.S)
+    assert REPRO_HEADING not in visible and "<pre" not in visible  # nothing long unfolded
     first = failed[0]
-    assert f"<pre>{html.escape(first['message'].splitlines()[0])}" in page  # the full message, escaped, in <pre>
-    assert "repro (run from the repository root)" in page
+    assert f"<pre>{html.escape(first['message'].splitlines()[0])}" in section  # the full message, escaped, folded
+    assert section.count(html.escape(REPRO_HEADING)) == len(groups)
+    # What a row shows unfolded: case, problem, worst element and ratio (of the group's last record).
+    last = [c for c in failed if (c["implementation"], c["test"], c["clause"], c["op"], c["device"], c["dtype"])
+            == sorted(groups, key=lambda k: tuple(map(str, k)))[0]][-1]
+    worst = next(line.split(None, 1)[1] for line in last["message"].splitlines() if line.strip().startswith("worst "))
+    assert html.escape(last["case"]) in visible and html.escape(worst.strip()) in visible
+    assert f"<td class=num>{html.escape(html_report._fmt(last['ratio']))}</td>" in visible
+
+
+def test_the_plot_shows_each_case_ratio_failed_above_one_passed_at_or_below(mixed_run, monkeypatch):
+    """One point per judged case at its worst ratio error/allowed (the JSON's ratio, the verdict's figure)."""
+    done, json_path, html_path = mixed_run
+    report = json.loads(json_path.read_text())
+    judged = [c for c in report["cases"] if c["status"] in ("passed", "failed", "deviation")]
+    points, infinite, without = html_report.plot_points(report["cases"])
+    assert len(points) + without == len(judged) and infinite == 0
+    by_status = defaultdict(list)
+    for point in points:
+        by_status[point["status"]].append(point["ratio"])
+    assert by_status["failed"] and by_status["passed"]
+    assert min(by_status["failed"]) > 1 >= max(by_status["passed"])
+    assert {p["implementation"] for p in points if p["status"] == "failed"} == {"examples_wrong_axis_softmax"}
+    assert {p["implementation"] for p in points if p["status"] == "passed"} >= {"examples_my_attention"}
+    for case in judged:  # the ratio drawn is the record's, taken at one element by the verdict
+        if "ratio" in case:
+            assert (case["ratio"] > 1) == (case["status"] == "failed"), case
+    page = html_path.read_text(encoding="utf-8")
+    if HAS_MATPLOTLIB:
+        assert '<img class="plot"' in page and "the line at 1 is the allowed error" in page
+    # Without matplotlib the same figures are a table: failures counted above 1 for the broken one only.
+    for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, module, None)
+    table = html_report.render(report, html_path)
+    table = table[table.index('<table class="ratios">'):]
+    table = table[:table.index("</table>")]
+    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td>.*?<td class=num>([^<]*|<b[^>]*>\d+</b>)</td></tr>", table)
+    above = {(impl, dtype): int(re.sub(r"<[^>]+>", "", n)) for impl, dtype, n in rows}
+    assert above and all(n == 0 for (impl, _), n in above.items() if impl == "examples_my_attention")
+    assert any(n > 0 for (impl, _), n in above.items() if impl == "examples_wrong_axis_softmax"), above
 
 
 def test_the_page_escapes_text_and_survives_without_matplotlib(tmp_path, monkeypatch):
@@ -168,7 +225,7 @@ def test_case_records_are_compact():
     assert passed.as_dict() == {"test": "t[x]", "implementation": "impl", "clause": "sdpa.definition", "case": "c",
                                 "dtype": "float32", "device": "cpu", "status": "passed",
                                 "max_abs_error": 2.59196e-11, "allowed": 1.5313e-08, "ratio": 0.00169265}
-    failed = _record("failed", "[sdpa.definition] bad\n  problem  x\n  repro (run from the repository root):\n    code",
+    failed = _record("failed", "[sdpa.definition] bad\n  problem  x\n  repro (run with python in the directory pytest ran in):\n    code",
                      max_abs_error=1.0, allowed=0.0, ratio=float("inf"), shapes={"q": (1, 2, 3, 4), "s": ()})
     data = failed.as_dict()
     assert "ratio" not in data and data["allowed"] == 0.0 and data["op"] == "sdpa"
@@ -183,7 +240,7 @@ def test_case_records_are_compact():
 
 
 def test_only_the_last_failure_of_a_group_keeps_its_repro():
-    message = "[c] x\n  repro (run from the repository root):\n    snippet"
+    message = "[c] x\n  repro (run with python in the directory pytest ran in):\n    snippet"
     records = [_record("failed", message, case="a"), _record("failed", message, case="b"),
                _record("failed", message, case="c", dtype="float64"), _record()]
     cases = summary._case_dicts(records)

@@ -43,9 +43,11 @@ def test_more_workers_than_cores_still_get_one_thread(clean_environment):
 
 def test_the_controller_sets_the_share_before_the_workers_start(clean_environment):
     # Workers import NumPy (and so OpenBLAS) before any hook of theirs runs: only inherited variables reach it.
-    import conftest
+    from attention_conformance import pytest_plugin
 
-    conftest.pytest_xdist_setupnodes(config=fake_config(), specs=["gw0", "gw1", "gw2", "gw3"])
+    config = fake_config()
+    config.stash = {pytest_plugin.ENGAGED_KEY: True}  # a run of the suite
+    pytest_plugin.pytest_xdist_setupnodes(config=config, specs=["gw0", "gw1", "gw2", "gw3"])
     assert {os.environ[v] for v in plugin.THREAD_VARIABLES} == {"1"}
 
 

@@ -1,0 +1,241 @@
+"""The attention-conformance pytest plugin, registered through the `pytest11` entry point.
+
+Options, the implementation registry wiring, parametrisation of every conformance test over
+implementations x devices x dtypes, Hypothesis profiles, and the end-of-run summary and report.
+
+Installed, the plugin is loaded by every pytest run in the environment, so it stays out of the
+way until a run targets the suite ("engaged"): the suite's test package is among the arguments
+(`pytest --pyargs attention_conformance.conformance`, or a path inside it), an implementation is
+named (--impl, --list-impls), or the run is in the suite's own source checkout. Only then does it
+load spec/ and fixtures/, register and load its Hypothesis profiles, default to xdist and set the
+defaults the suite's pyproject.toml gives a checkout (pytest reads the ini file of the user's
+project, never the suite's): the `conformance`/`selfcheck`/`op`/`large_shapes` markers, a 120 s
+per-test timeout, -rfExX, and JAX's DeprecationWarnings ignored.
+
+The root conftest.py of a checkout registers this module when the entry point has not (a checkout
+on PYTHONPATH without `pip install`); both use the module's own name, so pytest never registers it twice.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+PLUGIN_NAME = __name__  # the pytest11 entry point's name too: pytest then sees one plugin, whoever loads it
+PACKAGE = "attention_conformance"
+# The test package's directory: inside this package in a wheel, the top-level conformance/ of a checkout
+# (as attention_conformance/__init__.py decides).
+SUITE_DIR = Path(__file__).resolve().parent / "conformance"
+if not SUITE_DIR.is_dir():
+    SUITE_DIR = Path(__file__).resolve().parent.parent / "conformance"
+ENGAGED_KEY = pytest.StashKey[bool]()
+WORKER_KEY = "attention_conformance_engaged"
+# What the suite's own ini file sets for a checkout, repeated for runs under another project's ini file.
+MARKERS = (
+    "conformance: a case run against an implementation",
+    "selfcheck: the suite checking itself (deselected with --impl)",
+    "op(name): the contract operation a conformance test exercises",
+    "large_shapes: opt-in sdpa cases at realistic sizes, run with --large-shapes",
+)
+DEFAULT_TIMEOUT = 120  # seconds per test (pytest-timeout), as pyproject.toml's `timeout`
+DEFAULT_REPORT_CHARS = "fExX"  # failures, errors and declared deviations (xfail/xpass) by name
+
+
+def pytest_addoption(parser):
+    from attention_conformance.conformance import plugin as support
+
+    group = parser.getgroup("attention-conformance")
+    group.addoption(
+        "--impl", action="append", default=[], metavar="MODULE[:ATTR]",
+        help="implementation to validate (repeatable). Without it, every built-in and every "
+        "implementation found through $ATTENTION_CONFORMANCE_IMPL or entry points runs.",
+    )
+    group.addoption(
+        "--device", choices=support.DEVICES + ("all",), default="all",
+        help="devices to test: cpu, cuda, or all (default; cases for an absent device are skipped with the reason).",
+    )
+    group.addoption(
+        "--dtype", action="append", default=[], choices=support.DTYPE_NAMES,
+        help="restrict to these dtypes (repeatable; default: every dtype each implementation declares).",
+    )
+    group.addoption("--conformance-report", metavar="PATH", default=None,
+                    help="write the JSON conformance report to PATH and an HTML page beside it.")
+    group.addoption("--list-impls", action="store_true", default=False,
+                    help="print the implementations found, what they declare and support, then exit.")
+    group.addoption("--no-builtins", action="store_true", default=False,
+                    help="do not add the built-in implementations when no --impl is given.")
+    group.addoption("--jax-compilation-cache", metavar="DIR|off", default=".attention-conformance/jax-cache",
+                    help="JAX's persistent compilation cache for this run, relative to the rootdir "
+                    "(default: %(default)s; 'off' disables it; $JAX_COMPILATION_CACHE_DIR, if set, wins).")
+    group.addoption("--call-timeout", metavar="SECONDS", default=None,
+                    help="time limit of each call of an implementation (default 30; 0 or off: no limit). A call past "
+                    "it fails its case as a hang, and the implementation's later calls fail at once "
+                    "(sets $ATTENTION_CONFORMANCE_CALL_TIMEOUT).")
+    group.addoption("--min-judged", type=int, default=1, metavar="N",
+                    help="coverage floor: each implementation and operation with runnable cases must have at least N "
+                    "cases judged (passed, failed or a declared deviation), else the run fails (default 1).")
+    group.addoption("--allow-unjudged", action="store_true", default=False,
+                    help="report a run that judged too few cases (README 'Coverage') without failing it.")
+    group.addoption("--large-shapes", action="store_true", default=False,
+                    help="also run conformance/test_large_shapes.py: sdpa at Lk up to 16384, D 128, judged by the "
+                    "blocked float64 oracle (slow; see docs/large-shapes.md).")
+
+
+# ------------------------------------------------------------- engagement
+def _within(path: Path, directory: Path) -> bool:
+    return path == directory or directory in path.parents
+
+
+def is_source_checkout(rootpath: Path) -> bool:
+    """The rootdir is the suite's own repository (its conformance/ is the one this plugin serves)."""
+    try:
+        return (Path(rootpath) / "conformance").resolve() == SUITE_DIR
+    except OSError:
+        return False
+
+
+def targets_suite(args, pyargs: bool, invocation_dir: Path, rootpath: Path, named: bool) -> bool:
+    """Whether a run with these positional ``args`` runs the suite (see the module's docstring)."""
+    if named or is_source_checkout(rootpath):
+        return True
+    for arg in args:
+        target = str(arg).split("::")[0]
+        if pyargs and (target == PACKAGE or target.startswith(PACKAGE + ".")):
+            return True
+        try:
+            if _within((Path(invocation_dir) / target).resolve(), SUITE_DIR):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def engaged(config) -> bool:
+    if ENGAGED_KEY not in config.stash and hasattr(config, "workerinput"):  # an xdist worker: as its controller
+        config.stash[ENGAGED_KEY] = bool(config.workerinput.get(WORKER_KEY, False))
+    if ENGAGED_KEY not in config.stash:
+        option = config.option
+        config.stash[ENGAGED_KEY] = targets_suite(
+            config.args, bool(getattr(option, "pyargs", False)), config.invocation_params.dir, config.rootpath,
+            bool(getattr(option, "impl", None) or getattr(option, "list_impls", False)))
+    return config.stash[ENGAGED_KEY]
+
+
+def _names_workers(args) -> bool:
+    return any(arg in ("-n", "--numprocesses") or arg.startswith("--numprocesses=")
+               or (arg.startswith("-n") and not arg.startswith("--")) for arg in args)
+
+
+def _names_distribution(args) -> bool:
+    return any(arg in ("--dist", "-d", "--tx") or arg.startswith(("--dist=", "--tx=")) for arg in args)
+
+
+def pytest_load_initial_conftests(early_config, parser, args):
+    """`-n auto --dist worksteal` by default (README, "Speed"), each part unless the command line names it,
+    when pytest-xdist is loaded. Called for plugins loaded by entry point (any install, editable included);
+    a checkout that is only on PYTHONPATH runs in one process unless -n is given. `-n 0` or `-p no:xdist`:
+    one process; `--pdb` makes xdist's `-n auto` one process too.
+    """
+    if not early_config.pluginmanager.hasplugin("xdist"):
+        return
+    known = early_config.known_args_namespace
+    if not targets_suite(known.file_or_dir or [], bool(getattr(known, "pyargs", False)),
+                         early_config.invocation_params.dir, early_config.rootpath,
+                         bool(getattr(known, "impl", None) or getattr(known, "list_impls", False))):
+        return
+    defaults = [] if _names_workers(args) else ["-n", "auto"]
+    defaults += [] if _names_distribution(args) else ["--dist", "worksteal"]
+    args[:] = [*defaults, *args]
+
+
+# ------------------------------------------------------------- hooks
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if not engaged(config):
+        return
+    from attention_conformance.conformance import plugin as support
+
+    # Before Hypothesis's own pytest_configure, which loads --hypothesis-profile by name.
+    support.register_hypothesis_profiles()
+    _apply_suite_defaults(config)
+    if config.getoption("call_timeout") is not None:  # xdist workers inherit it
+        os.environ["ATTENTION_CONFORMANCE_CALL_TIMEOUT"] = str(config.getoption("call_timeout"))
+    support.configure(config)
+
+
+def _apply_suite_defaults(config) -> None:
+    """What the suite's ini file gives a checkout, for a run under another project's ini file."""
+    present = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    for line in MARKERS:
+        if line.split(":")[0].split("(")[0] not in present:
+            config.addinivalue_line("markers", line)
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:jax.*")
+    if config.option.reportchars == "fE":  # pytest's default: no -r given
+        config.option.reportchars = DEFAULT_REPORT_CHARS
+    if config.pluginmanager.hasplugin("timeout") and config.getvalue("timeout") is None \
+            and not os.environ.get("PYTEST_TIMEOUT") and not config.getini("timeout"):
+        config.option.timeout = DEFAULT_TIMEOUT
+
+
+def pytest_collection_modifyitems(config, items):
+    if engaged(config):
+        from attention_conformance.conformance import plugin as support
+
+        support.deselect_selfcheck_for_user_impls(config, items)
+
+
+def pytest_collection_finish(session):
+    """After every deselection (-k, -m, ours): what is left to run is what the coverage rule expects judged."""
+    if engaged(session.config):
+        from attention_conformance.conformance import coverage
+
+        coverage.note_collection(session.items)
+
+
+def pytest_generate_tests(metafunc):
+    if engaged(metafunc.config):
+        from attention_conformance.conformance import plugin as support
+
+        support.parametrize(metafunc)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if engaged(config):
+        from attention_conformance.conformance import plugin as support
+
+        support.terminal_summary(terminalreporter, config)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if engaged(session.config):
+        from attention_conformance.conformance import plugin as support
+
+        support.enforce_coverage(session)
+        support.write_report(session, session.exitstatus)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config, specs):
+    """pytest-xdist: before the workers start, give each its share of the cores (they inherit the variables)."""
+    if engaged(config):
+        from attention_conformance.conformance import plugin as support
+
+        support.share_cores_between_workers(len(specs))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: a worker engages exactly when its controller did (its arguments and directory may differ)."""
+    node.workerinput[WORKER_KEY] = engaged(node.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist: a worker finished; merge its conformance records into the controller's."""
+    if engaged(node.config):
+        from attention_conformance.conformance import coverage
+        from attention_conformance.conformance import plugin as support
+
+        support.receive_from_worker(node)
+        coverage.receive(node)
