@@ -213,11 +213,19 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     # tight for small errors, and by min(1, p_j (exp(delta_j + log sum_l p_l exp(delta_l)) - 1)), which stays <= 1
     # where a rounding can swap the leading keys. Each gives a bound of the same sum: the smaller one holds.
     total = np.sum(p * delta, axis=-1, keepdims=True)
-    with np.errstate(over="ignore", invalid="ignore"):  # inf here: the second bound below is used
-        small = np.where(attended, p * np.expm1(np.minimum(delta, 700.0)), 0.0) * np.exp(np.minimum(total, 700.0))
-    top = np.max(delta, axis=-1, keepdims=True)
-    log_z = top + np.log(np.maximum(np.sum(p * np.exp(delta - top), axis=-1, keepdims=True), 1e-300))
-    large = np.where(attended, np.minimum(1.0, p * np.expm1(np.minimum(delta + log_z, 700.0))), 0.0)
+    # Both bounds are evaluated in log space where exp would overflow: a weight of 1e-300 whose score may be off by
+    # 4e6 (a bfloat16 score offset by a float mask of -1e9, spacing 4e6 there) can become the largest; clipping the
+    # exponent at 700 instead had bounded its change by 1e-4 and failed a correct bfloat16 implementation 3x over.
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        log_p = np.where(attended, np.log(np.where(attended, p, 1.0)), -np.inf)
+        log_expm1 = np.log(np.expm1(np.minimum(delta, 700.0))) + np.maximum(delta - 700.0, 0.0)
+        small = np.where(attended, np.exp(np.minimum(log_p + log_expm1 + total, 710.0)), 0.0)  # > 1: bound unused
+        top = np.max(delta, axis=-1, keepdims=True)
+        log_z = top + np.log(np.maximum(np.sum(p * np.exp(delta - top), axis=-1, keepdims=True), 1e-300))
+        x = delta + log_z
+        exact = p * np.expm1(np.minimum(x, 700.0))
+        beyond = np.exp(np.minimum(log_p + x, 0.0))  # x > 700: p (e^x - 1) = e^(log p + x) to within p
+        large = np.where(attended, np.minimum(1.0, np.where(x <= 700.0, exact, beyond)), 0.0)
 
     def walk(w):
         w2 = w * w  # sum_j w_j^2 (v_jd - o_id)^2, expanded into matrix products

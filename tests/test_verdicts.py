@@ -67,3 +67,17 @@ def test_the_repro_of_a_correct_implementation_prints_zero_error(kept_records):
     done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["max abs error 0.0", "non-finite where the oracle is finite 0"], done.stdout
+
+
+def test_a_score_lost_to_a_large_float_mask_is_not_blamed_on_a_correct_bfloat16_path(kept_records):
+    """Found by a default run: every key of a row offset by -1e9, whose bfloat16 spacing (4e6) swallows the
+    scores (-147, 511, -198), so a correct bfloat16 path may return any mix of those keys' values. The 16-bit
+    bound once clipped the score error at e^700 and allowed key 2 (weight 1e-308) a change of 1e-4 only."""
+    q = np.zeros((1, 1, 1, 2))
+    q[..., 0] = 1.0
+    k = np.array([[[[-147.0, 0.0], [511.0, 0.0], [-198.0, 0.0]]]]) * np.sqrt(2.0)
+    v = np.array([[[[-1.0], [-1.0], [3.0]]]])
+    case = Case("sdpa", {"q": q, "k": k, "v": v, "mask": np.full((1, 1, 1, 3), -1e9)}, ("sdpa.definition",),
+                "row offset by -1e9", mask_kind="float")
+    judge = Judge(load_implementation("builtin:numpy_native"), "bfloat16", "cpu")
+    judge.check(case)  # the weights become uniform in bfloat16: (-1 - 1 + 3) / 3 against the oracle's -1
