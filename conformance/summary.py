@@ -123,22 +123,48 @@ def skipped_lines(tr) -> None:
     without a GPU every test of every CUDA-capable implementation would be a line of its own)."""
     reasons: Counter = Counter()
     absent: dict[str, set[str]] = defaultdict(set)  # device -> implementations it is absent for
+    grouped: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # line -> who -> what
     for report in tr.stats.get("skipped", []):
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
         reason = reason.removeprefix("Skipped: ")
         device = ABSENT_DEVICE.fullmatch(reason)
+        not_exposed = NOT_EXPOSED.fullmatch(reason)
+        missing = MISSING_KEYWORD.fullmatch(reason)
         if device:
             absent[device["device"]].add(device["impl"])
             reason = f"{device['device']} is not available on this machine"
+        elif not_exposed:
+            grouped[NOT_EXPOSED_LINE][not_exposed["impl"]].add(not_exposed["op"])
+            reason = NOT_EXPOSED_LINE
+        elif missing:
+            grouped[MISSING_KEYWORD_LINE][f"{missing['impl']}.{missing['op']}"].update(
+                k.strip(" '") for k in missing["keywords"].split(","))
+            reason = MISSING_KEYWORD_LINE
         reasons[reason] += 1
     if reasons:
         tr.write_line(f"pytest items skipped ({sum(reasons.values())}), by reason:")
-        for reason, count in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
+        ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
+        for reason, count in ranked[:SKIP_REASONS_SHOWN]:
             device = reason.split(" ", 1)[0]
             names = f" ({', '.join(sorted(absent[device]))})" if reason.endswith("not available on this machine") else ""
+            if reason in grouped:
+                names = " " + "; ".join(f"{who} {', '.join(sorted(what))}" for who, what in sorted(grouped[reason].items()))
             tr.write_line(f"  {count:>4} x {reason[:150]}{names}")
+        rest = ranked[SKIP_REASONS_SHOWN:]
+        if rest:
+            tr.write_line(f"  {sum(c for _, c in rest):>4} x {len(rest)} other reasons (pytest -rs lists every item)")
 
+
+# Operations and keywords an implementation does not offer: one line each, naming who lacks what.
+NOT_EXPOSED = re.compile(r"not implemented: (?P<impl>\S+) does not expose (?P<op>\w+)")
+NOT_EXPOSED_LINE = "not implemented (operations not exposed):"
+MISSING_KEYWORD = re.compile(r"(?:unsupported: )?(?P<impl>\S+)\.(?P<op>\w+) has no (?P<keywords>'?\w+'?(?:, '?\w+'?)*) "
+                             r"parameter.*")
+MISSING_KEYWORD_LINE = "unsupported (keywords not in the signature):"
+
+# The default run stays short (issue 16: under ~80 lines when nothing fails): the most frequent reasons, then one line.
+SKIP_REASONS_SHOWN = 8
 
 # plugin.absent_device_reason's wording
 ABSENT_DEVICE = re.compile(r"(?P<device>\w+) is not available to (?P<impl>\S+) \(\w+\) on this machine")
