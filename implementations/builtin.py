@@ -60,21 +60,14 @@ def _distance(lq: int, lk: int, query_offset: int) -> np.ndarray:
 
 
 def _positions_allowed(lq, lk, is_causal=False, window=None, query_offset=0, key_lengths=None) -> np.ndarray:
-    """(B or 1, 1, lq, lk) boolean: keys the causal band, the window and the key lengths leave."""
-    d = _distance(lq, lk, query_offset)
-    allowed = np.ones((lq, lk), dtype=bool)
-    if is_causal:
-        allowed &= d >= 0
-    if window is not None:
-        left, right = window
-        if left is not None:
-            allowed &= d <= left
-        if right is not None:
-            allowed &= -d <= right
-    allowed = allowed[None, None]
-    if key_lengths is not None:
-        allowed = allowed & (np.arange(lk) < _host_ints(key_lengths).reshape(-1, 1, 1, 1))
-    return allowed
+    """(B or 1, 1, lq, lk) boolean: the spec's key set (oracle.positions_allowed), key lengths read off the device.
+
+    Every built-in that has no native window, offset or length option builds its mask from here: the position
+    rule is the contract's, not the framework's, so it is written once."""
+    from attention_conformance.conformance import oracle
+
+    lengths = None if key_lengths is None else _host_ints(key_lengths)
+    return oracle.positions_allowed(lq, lk, is_causal, window, query_offset, lengths)
 
 
 def _slopes_4d(slopes, hq: int):
