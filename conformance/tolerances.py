@@ -189,16 +189,19 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     scale_value = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kt = np.swapaxes(k, -1, -2)
     p = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)
-    attended = p > 0
     raw = scale_value * (q @ kt)  # scale * q . k
-    if variants.get("softcap") is None and variants.get("alibi_slopes") is None:
-        bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk, **_key_options(variants))
-        s = raw + np.where(np.isfinite(bias), bias, 0.0)
-    else:  # the softcapped score plus ALiBi and the float mask: what the softmax sees, where finite
-        s = oracle.scores(q, k, mask, is_causal, scale, **variants)
-        s = np.where(np.isfinite(s), s, 0.0)
+    # What the softmax sees (softcap, ALiBi and the float mask applied); -inf where a key is removed.
+    # A key is attended where its score is finite, not where its float64 weight is > 0: a weight below
+    # 1e-308 underflows to 0 there, yet a bfloat16 score offset by a float mask of -1e9 (spacing 4e6)
+    # can make it the largest (a gap of 1384 between two such scores failed correct paths 409x).
+    s_full = oracle.scores(q, k, mask, is_causal, scale, **variants)
+    attended = np.isfinite(s_full)
+    s = np.where(attended, s_full, 0.0)
     row_max = np.max(np.where(attended, s, -np.inf), axis=-1, keepdims=True)
     shift = np.where(attended, s - np.where(np.isfinite(row_max), row_max, 0.0), 0.0)
+    with np.errstate(divide="ignore"):
+        log_p = np.where(attended, shift - np.log(np.sum(np.where(attended, np.exp(shift), 0.0), axis=-1,
+                                                                keepdims=True)), -np.inf)
     # delta_ij: the score's own roundings (product, scale, mask addition, max shift) and its float32 sum.
     delta = u * (c["c_score_round"] * np.abs(raw) + np.abs(s) + np.abs(shift))
     delta = delta + c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
@@ -217,15 +220,15 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     # 4e6 (a bfloat16 score offset by a float mask of -1e9, spacing 4e6 there) can become the largest; clipping the
     # exponent at 700 instead had bounded its change by 1e-4 and failed a correct bfloat16 implementation 3x over.
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        log_p = np.where(attended, np.log(np.where(attended, p, 1.0)), -np.inf)
         log_expm1 = np.log(np.expm1(np.minimum(delta, 700.0))) + np.maximum(delta - 700.0, 0.0)
         small = np.where(attended, np.exp(np.minimum(log_p + log_expm1 + total, 710.0)), 0.0)  # > 1: bound unused
         top = np.max(delta, axis=-1, keepdims=True)
-        log_z = top + np.log(np.maximum(np.sum(p * np.exp(delta - top), axis=-1, keepdims=True), 1e-300))
+        log_z = top + np.log(np.maximum(np.sum(np.exp(log_p + delta - top), axis=-1, keepdims=True), 1e-300))
         x = delta + log_z
         exact = p * np.expm1(np.minimum(x, 700.0))
-        beyond = np.exp(np.minimum(log_p + x, 0.0))  # x > 700: p (e^x - 1) = e^(log p + x) to within p
-        large = np.where(attended, np.minimum(1.0, np.where(x <= 700.0, exact, beyond)), 0.0)
+        # x > 700, or p underflowed to 0: p (e^x - 1) <= e^(log p + x)
+        beyond = np.exp(np.minimum(log_p + x, 0.0))
+        large = np.where(attended, np.minimum(1.0, np.where((x <= 700.0) & (p > 0), exact, beyond)), 0.0)
 
     def walk(w):
         w2 = w * w  # sum_j w_j^2 (v_jd - o_id)^2, expanded into matrix products

@@ -81,3 +81,19 @@ def test_a_score_lost_to_a_large_float_mask_is_not_blamed_on_a_correct_bfloat16_
                 "row offset by -1e9", mask_kind="float")
     judge = Judge(load_implementation("builtin:numpy_native"), "bfloat16", "cpu")
     judge.check(case)  # the weights become uniform in bfloat16: (-1 - 1 + 3) / 3 against the oracle's -1
+
+
+@pytest.mark.parametrize("name", ["builtin:numpy_native", "builtin:torch_math"])
+def test_a_key_whose_float64_weight_underflows_still_counts_under_a_large_bfloat16_mask(kept_records, name):
+    """Found by a default run (torch_math and jax_numpy failed 409x): scores 331 and -1053 under a float mask of
+    -1e9 on both keys. The second key's weight, e^-1384, is 0 in float64, and the 16-bit bound once counted only
+    keys of weight > 0; in bfloat16 the mask swallows both scores and the weights become (1/2, 1/2)."""
+    if name.endswith("torch_math"):
+        pytest.importorskip("torch")
+    q = np.zeros((1, 1, 1, 2))
+    q[..., 0] = 1.0
+    k = np.array([[[[330.7, 0.0], [-1053.1, 0.0]]]]) * np.sqrt(2.0)
+    v = np.array([[[[-1.0], [3.0]]]])
+    case = Case("sdpa", {"q": q, "k": k, "v": v, "mask": np.full((1, 1, 1, 2), -998244352.0)}, ("sdpa.definition",),
+                "row offset by -1e9, second weight below float64's range", mask_kind="float")
+    Judge(load_implementation(name), "bfloat16", "cpu").check(case)
