@@ -36,6 +36,7 @@ MARKERS = (
     "conformance: a case run against an implementation",
     "selfcheck: the suite checking itself (deselected with --impl)",
     "op(name): the contract operation a conformance test exercises",
+    "absent_device(device, impl): cases for a device this machine lacks (deselected, counted in the summary)",
     "large_shapes: opt-in sdpa cases at realistic sizes, run with --large-shapes",
 )
 DEFAULT_TIMEOUT = 120  # seconds per test (pytest-timeout), as pyproject.toml's `timeout`
@@ -55,7 +56,8 @@ def pytest_addoption(parser):
     )
     group.addoption(
         "--device", choices=device_names() + ("all",), default="all",
-        help="devices to test: cpu, cuda, or all (default; cases for an absent device are skipped with the reason).",
+        help="devices to test: cpu, cuda, or all (default; cases for a device absent here are deselected, "
+             "one summary line per device).",
     )
     group.addoption(
         "--dtype", action="append", default=[], choices=DTYPE_NAMES,
@@ -180,11 +182,13 @@ def _apply_suite_defaults(config) -> None:
         config.option.timeout = DEFAULT_TIMEOUT
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m: the absent-device count is of the items the run selected
 def pytest_collection_modifyitems(config, items):
     if engaged(config):
         from attention_conformance.conformance import plugin as support
 
         support.deselect_selfcheck_for_user_impls(config, items)
+        support.deselect_absent_devices(config, items)
 
 
 def pytest_collection_finish(session):

@@ -25,7 +25,8 @@ from . import checks
 
 JUDGED = ("passed", "failed", "deviation")
 RUNNABLE: set[tuple[str, str]] = set()  # (implementation, operation) with a runnable item in this run
-COLLECTED = [0]  # conformance items collected, runnable or not
+COLLECTED = [0]  # conformance items collected, runnable or not (deselected for an absent device included)
+ABSENT: Counter = Counter()  # (device, implementation) -> items deselected because the device is absent here
 PROBLEMS_KEY = pytest.StashKey[list]()
 
 
@@ -48,15 +49,36 @@ def note_collection(items) -> None:
             RUNNABLE.add((impl.name, op))
 
 
+def note_absent(items) -> None:
+    """Items deselected for an absent device: collected, never runnable here."""
+    for item in items:
+        mark = item.get_closest_marker("absent_device")
+        ABSENT[(mark.kwargs["device"], mark.kwargs["impl"])] += 1
+    COLLECTED[0] += len(items)
+
+
 def send(config) -> None:
     config.workeroutput["conformance_runnable"] = sorted(RUNNABLE)
     config.workeroutput["conformance_collected"] = COLLECTED[0]
+    config.workeroutput["conformance_absent"] = [[device, impl, n] for (device, impl), n in ABSENT.items()]
 
 
 def receive(node) -> None:
+    """Every worker collects every item: counts are the largest any worker saw, not their sum."""
     output = getattr(node, "workeroutput", {})
     RUNNABLE.update(tuple(pair) for pair in output.get("conformance_runnable", []))
     COLLECTED[0] = max(COLLECTED[0], output.get("conformance_collected", 0))
+    for device, impl, n in output.get("conformance_absent", []):
+        ABSENT[(device, impl)] = max(ABSENT[(device, impl)], n)
+
+
+def absent_lines() -> list[str]:
+    """One line per absent device: how many items were deselected and for whom."""
+    by_device: dict[str, list] = defaultdict(list)
+    for (device, impl), n in ABSENT.items():
+        by_device[device].append((impl, n))
+    return [f"pytest items deselected ({sum(n for _, n in who)}): {device} is not available on this machine "
+            f"({', '.join(sorted(impl for impl, _ in who))})" for device, who in sorted(by_device.items())]
 
 
 def _judged_and_unsupported():
@@ -91,7 +113,7 @@ def problems(config, impls, user_named: set[str], why_not_runnable) -> list[str]
                 why = f"; {sum(reasons.values())} unsupported, most often ({n}x): {reason}"
             lines.append(f"{impl.name}: {count} {op} case(s) judged, fewer than --min-judged {floor}{why}")
     if COLLECTED[0] and not sum(judged.values()) and not lines:
-        lines.append("no case was judged in this run (every conformance test was skipped or unsupported)")
+        lines.append("no case was judged in this run (every conformance test was deselected, skipped or unsupported)")
     return lines
 
 
@@ -102,7 +124,9 @@ def enforce(session, impls, user_named: set[str], why_not_runnable) -> None:
         return
     lines = problems(config, impls, user_named, why_not_runnable)
     config.stash[PROBLEMS_KEY] = lines
-    if lines and not config.getoption("allow_unjudged") and session.exitstatus == pytest.ExitCode.OK:
+    # 1, not pytest's 5 ("no tests collected") when every item was deselected: CI wrappers often let 5 pass.
+    if lines and not config.getoption("allow_unjudged") and session.exitstatus in (
+            pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

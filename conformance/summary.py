@@ -94,11 +94,14 @@ def implementation_lines(name: str, entry: dict) -> list[str]:
 
 
 def terminal_summary(tr, config) -> None:
+    from . import agreement, coverage
+
     per_impl = _counts()
-    if not per_impl:
+    if not per_impl and not coverage.ABSENT:
         return
     tr.section("attention conformance")
-    tr.write_line("cases per implementation (a fixture case or a Hypothesis example each; not pytest tests):")
+    if per_impl:
+        tr.write_line("cases per implementation (a fixture case or a Hypothesis example each; not pytest tests):")
     for name, entry in sorted(implementation_summary().items()):
         for line in implementation_lines(name, entry):
             tr.write_line(line)
@@ -106,8 +109,9 @@ def terminal_summary(tr, config) -> None:
     # filed under the clause at fault, not the one its case was drawn for.
     for name, clause_ids in sorted(checks.breaks_order(checks.RECORDS).items()):
         tr.write_line(f"{name} breaks: {', '.join(clause_ids)}")
+    for line in coverage.absent_lines():
+        tr.write_line(line)
     skipped_lines(tr)
-    from . import agreement
 
     pairs = len(agreement.matrix())
     if pairs:
@@ -164,7 +168,7 @@ MISSING_KEYWORD = re.compile(r"(?:unsupported: )?(?P<impl>\S+)\.(?P<op>\w+) has 
 MISSING_KEYWORD_LINE = "unsupported (keywords not in the signature):"
 
 # The default run stays short (issue 16: under ~80 lines when nothing fails): the most frequent reasons, then one line.
-SKIP_REASONS_SHOWN = 8
+SKIP_REASONS_SHOWN = 6
 
 # plugin.absent_device_reason's wording
 ABSENT_DEVICE = re.compile(r"(?P<device>\w+) is not available to (?P<impl>\S+) \(\w+\) on this machine")

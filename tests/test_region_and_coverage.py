@@ -159,3 +159,35 @@ def test_operations_deselected_with_k_are_not_expected_judged():
     after the plugin's own collection hook: the rule must see the final selection)."""
     done = pytest_run("conformance/test_properties.py", "--impl", "builtin:numpy_oracle", "-k", "default_scale")
     assert done.returncode == 0 and "COVERAGE" not in done.stdout, done.stdout[-2000:]
+
+
+def test_a_run_for_an_absent_device_is_deselected_and_fails_in_one_line():
+    """--device cuda on a machine without a GPU (CUDA hidden here, so the same on a GPU machine): every item is
+    for the absent device, deselected and counted in one line; the run judged nothing, so it exits 1, not
+    pytest's 5 for "no tests collected", which CI wrappers often let pass."""
+    done = pytest_run("conformance/test_properties.py", "-k", "default_scale", "--device", "cuda",
+                      env={"CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 1, done.stdout[-2000:]
+    lines = done.stdout.splitlines()
+    (deselected,) = [line for line in lines if line.startswith("pytest items deselected")]
+    assert "cuda is not available on this machine" in deselected and "torch_math" in deselected
+    assert "COVERAGE: no case was judged in this run" in done.stdout
+    assert "skipped" not in lines[-1] and not any(line.startswith("pytest items skipped") for line in lines)
+
+
+def test_absent_device_counts_from_workers_are_not_added_twice(monkeypatch):
+    """Every xdist worker collects (and deselects) every item: the controller keeps the largest count."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from attention_conformance.conformance import coverage
+
+    monkeypatch.setattr(coverage, "ABSENT", Counter())
+    monkeypatch.setattr(coverage, "COLLECTED", [0])
+    monkeypatch.setattr(coverage, "RUNNABLE", set())
+    sent = {"conformance_absent": [["cuda", "torch_math", 40], ["cuda", "jax_numpy", 20]], "conformance_collected": 90}
+    for _ in range(2):
+        coverage.receive(SimpleNamespace(workeroutput=sent))
+    assert coverage.absent_lines() == [
+        "pytest items deselected (60): cuda is not available on this machine (jax_numpy, torch_math)"]
+    assert coverage.COLLECTED == [90]

@@ -101,12 +101,13 @@ def torch_like_on_cpu_only(monkeypatch, dtypes):
     return impl, config
 
 
-def test_an_absent_device_is_skipped_at_collection_with_its_reason(monkeypatch):
+def test_an_absent_device_is_marked_at_collection_with_its_reason(monkeypatch):
     _, config = torch_like_on_cpu_only(monkeypatch, ("float32",))
     params = {p.id: p for p in plugin.implementation_params(config, "sdpa")}
     assert not params["torch_like-cpu-float32"].marks
-    (mark,) = params["torch_like-cuda"].marks
-    assert mark.name == "skip" and mark.kwargs["reason"] == "cuda is not available to torch_like (torch) on this machine"
+    skip, absent = params["torch_like-cuda"].marks
+    assert skip.name == "skip" and skip.kwargs["reason"] == "cuda is not available to torch_like (torch) on this machine"
+    assert absent.name == "absent_device" and absent.kwargs == {"device": "cuda", "impl": "torch_like"}
 
 
 def test_what_cannot_run_is_one_skipped_item_per_device_not_one_per_dtype(monkeypatch):
