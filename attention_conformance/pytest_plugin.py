@@ -36,6 +36,7 @@ MARKERS = (
     "conformance: a case run against an implementation",
     "selfcheck: the suite checking itself (deselected with --impl)",
     "op(name): the contract operation a conformance test exercises",
+    "applies_to(reason_fn): reason_fn(impl) says why a test does not apply to an implementation (None: it does)",
     "absent_device(device, impl): cases for a device this machine lacks (deselected, counted in the summary)",
     "large_shapes: opt-in sdpa cases at realistic sizes, run with --large-shapes",
 )
@@ -189,6 +190,7 @@ def pytest_collection_modifyitems(config, items):
 
         support.deselect_selfcheck_for_user_impls(config, items)
         support.deselect_absent_devices(config, items)
+        support.skip_large_shapes_unless_opted_in(config, items)
 
 
 def pytest_collection_finish(session):

@@ -173,6 +173,19 @@ def deselect_selfcheck_for_user_impls(config, items) -> None:
         items[:] = keep
 
 
+LARGE_SHAPES_OPT_IN = "opt-in: large shapes (Lk up to 16k) run with --large-shapes"
+
+
+def skip_large_shapes_unless_opted_in(config, items) -> None:
+    """The large_shapes tests (conformance/test_large_shapes.py) skip without --large-shapes; marked at
+    collection, so the coverage rule does not expect them judged."""
+    if config.getoption("large_shapes", default=False):
+        return
+    for item in items:
+        if item.get_closest_marker("large_shapes"):
+            item.add_marker(pytest.mark.skip(reason=LARGE_SHAPES_OPT_IN))
+
+
 def deselect_absent_devices(config, items) -> None:
     """Items for a device this machine lacks are deselected, not skipped: on a machine without a GPU they were
     a fifth of a default run's items and lines of its progress output. The summary names them in one line per
@@ -210,7 +223,7 @@ def _whole_skip_reason(impl: Implementation, device: str, op: str | None) -> str
     return None
 
 
-def implementation_params(config, op: str | None):
+def implementation_params(config, op: str | None, applies_to=None):
     """(impl, device, dtype) triples as pytest params; what cannot run here is one skipped param saying why.
 
     A device that is absent, a framework that is missing or an operation the
@@ -218,6 +231,10 @@ def implementation_params(config, op: str | None):
     ``impl-device`` (dtype None), not one per dtype: on a machine without a GPU
     that halves the items, and every item costs a report round trip under xdist.
     Skipping at collection also keeps Hypothesis's engine from starting.
+    ``applies_to(impl)`` (a test's ``applies_to`` marker) says why the test does not apply to an
+    implementation (no autodiff, no dropout_p, a variant keyword missing), or None: decided here, so the
+    coverage rule never expects such an item judged (a run of test_gradients.py alone had failed it for
+    the NumPy built-ins).
     """
     params = []
     for impl in implementations(config):
@@ -228,7 +245,7 @@ def implementation_params(config, op: str | None):
             dtypes = _selected_dtypes(config, impl, device)
             if not dtypes:
                 continue
-            reason = _whole_skip_reason(impl, device, op)
+            reason = _whole_skip_reason(impl, device, op) or (applies_to(impl) if applies_to else None)
             if reason:
                 marks = [pytest.mark.skip(reason=reason)]
                 if reason == absent_device_reason(impl, device):
@@ -245,7 +262,8 @@ def parametrize(metafunc) -> None:
         return
     marker = metafunc.definition.get_closest_marker("op")
     op = marker.args[0] if marker else None
-    triples = implementation_params(metafunc.config, op)
+    applies = metafunc.definition.get_closest_marker("applies_to")
+    triples = implementation_params(metafunc.config, op, applies.args[0] if applies else None)
     if "fixture_case" in names:
         metafunc.parametrize(("fixture_case", "impl", "device", "dtype"), _fixture_rows(triples))
     else:

@@ -39,6 +39,8 @@ INPUT_OF = {"dq": "q", "dk": "k", "dv": "v", "dmask": "mask"}
 def _without_autodiff(impl) -> str | None:
     if impl.array not in GRADIENT_ARRAYS:
         return f"gradients are checked for ARRAY 'torch' or 'jax'; {impl.name} has ARRAY {impl.array!r}"
+    if not impl.gradients:
+        return f"{impl.name} declares GRADIENTS = False (a forward-only sdpa)"
     return None
 
 

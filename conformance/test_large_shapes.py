@@ -22,8 +22,6 @@ from attention_conformance.conformance.cases import Case, widen
 from attention_conformance.conformance.checks import Judge
 from attention_conformance.conformance.plugin import require_device
 
-OPT_IN_REASON = "opt-in: large shapes (Lk up to 16k) run with --large-shapes"
-
 # A float64 NumPy judge at Lk = 16384 plus a slow implementation (a 16-bit type
 # on CPU, say) can take minutes per case; the suite's default of 120 s would cut
 # a correct run.
@@ -82,12 +80,6 @@ SHAPES = [
     # partial for every tile size from 2 to 1024 (the other cases' lengths are multiples of all of them).
     Shape("ragged", 2, 4, 2, 1023, 4097, 128, "none", False, ("sdpa.any-length", "sdpa.definition")),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _opt_in(request):
-    if not request.config.getoption("large_shapes", default=False):
-        pytest.skip(OPT_IN_REASON)
 
 
 # ------------------------------------------------------------------ cases

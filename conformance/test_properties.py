@@ -41,8 +41,9 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     torch.compile'd kernel) each new shape costs a compile (80-160 ms for XLA on the
     CI machine, seconds for inductor, against under 1 ms per call), so they run a
     tenth of the profile's examples (at least ``min_jit_examples``): 1 in dev, 2 in
-    ci, 10 in thorough. Their fixtures run in full. ``requires(impl)`` may return a reason
-    to skip the implementation outright.
+    ci, 10 in thorough. Their fixtures run in full. ``requires(impl)`` may return why the
+    property does not apply to an implementation: it becomes the test's ``applies_to`` marker,
+    decided at collection (conformance/plugin.py).
     """
     if test is None:
         return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires)
@@ -50,9 +51,6 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     @functools.wraps(test)
     def run(*args, **kwargs):
         impl = kwargs.get("impl")
-        reason = requires(impl) if (requires and impl is not None) else None
-        if reason:
-            pytest.skip(reason)
         # Hypothesis keeps the profile chosen at decoration on the test; swap in a
         # smaller budget for this call only.
         base = test._hypothesis_internal_use_settings
@@ -69,7 +67,7 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
         finally:
             test._hypothesis_internal_use_settings = base
 
-    return run
+    return pytest.mark.applies_to.with_args(requires)(run) if requires else run  # with_args: the argument is a callable
 
 
 def _judge(impl, device, dtype):

@@ -45,6 +45,7 @@ class Implementation:
     region: Region = EVERYTHING  # SUPPORTS / supports(): what it can run (implementations/_region.py)
     float32_matmul: dict = field(default_factory=dict)  # {device: "tf32"} where float32 matmuls run in TF32
     compiled: bool = False  # compiles per input signature (ARRAY="jax", COMPILED=True): fewer examples
+    gradients: bool = True  # GRADIENTS=False: a forward-only sdpa, to which the gradient tests do not apply
     _signatures: dict = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -195,6 +196,7 @@ class Implementation:
                                   "reason": d["reason"]} for d in self.known_deviations],
             "supports": self.region.describe() if self.region.declared else "everything",
             "float32_matmul": {d: self.float32_matmul.get(d, "ieee") for d in device_names()},
+            "gradients": self.gradients,
             "skip_reason": self.skip_reason,
         }
 
@@ -266,6 +268,9 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         raise ImplementationLoadError(
             f"{spec}: FLOAT32_MATMUL={getattr(obj, 'FLOAT32_MATMUL')!r} must be one of {list(FLOAT32_MATMUL_MODES)} "
             f"or a dict mapping devices ({', '.join(device_names())}) to one of them")
+    gradients = getattr(obj, "GRADIENTS", True)
+    if not isinstance(gradients, bool):
+        raise ImplementationLoadError(f"{spec}: GRADIENTS must be True or False, got {gradients!r}")
     deviations = tuple(getattr(obj, "KNOWN_DEVIATIONS", ()))
     for index, deviation in enumerate(deviations):
         if not (isinstance(deviation, dict) and {"clause", "when", "reason"} <= set(deviation) and callable(deviation["when"])):
@@ -285,6 +290,7 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         region=region,
         float32_matmul={d: m for d, m in matmul.items() if m != "ieee"},
         compiled=array == "jax" or bool(getattr(obj, "COMPILED", False)),
+        gradients=gradients,
     )
     if not any(impl.implements(op) for op in OPERATIONS):
         raise ImplementationLoadError(f"{spec}: exposes none of {', '.join(OPERATIONS)}")

@@ -74,6 +74,7 @@ def test_a_bad_region_is_a_load_error_naming_the_key(declared, words):
     ("DEVICES", ("gpu",), "DEVICES names unknown devices ['gpu']"),
     ("DTYPES", {"gpu": ("float16",)}, "DTYPES names unknown devices ['gpu']"),
     ("FLOAT32_MATMUL", "tf-32", "FLOAT32_MATMUL"),
+    ("GRADIENTS", "no", "GRADIENTS must be True or False, got 'no'"),
 ])
 def test_device_names_and_matmul_modes_are_checked_at_load(attribute, value, words):
     impl = type("Impl", (), {attribute: value, "sdpa": staticmethod(lambda q, k, v: q)})

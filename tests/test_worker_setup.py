@@ -147,3 +147,20 @@ def test_compiled_implementations_run_a_tenth_of_the_examples(spec, max_examples
     impl = from_object(type("Impl", (), {**attributes, "sdpa": staticmethod(lambda q, k, v: q)}), spec, spec)
     prop(impl=impl)
     assert len(seen) == expected
+
+
+def test_a_test_that_does_not_apply_is_skipped_at_collection_not_expected_judged(monkeypatch):
+    """A test's applies_to marker (property_test(requires=...)) decides at collection: the item is skipped with the
+    reason, so the coverage rule never counts it runnable (test_gradients.py run alone had failed the rule for the
+    NumPy built-ins and a forward-only flex)."""
+    from attention_conformance.conformance.test_gradients import _without_autodiff, test_sdpa_gradients
+
+    impl, config = torch_like_on_cpu_only(monkeypatch, ("float32",))
+    (marker,) = [m for m in test_sdpa_gradients.pytestmark if m.name == "applies_to"]
+    assert marker.args == (_without_autodiff,)
+    assert _without_autodiff(impl) is None
+    monkeypatch.setattr(impl, "gradients", False)
+    params = {p.id: p for p in plugin.implementation_params(config, "sdpa", _without_autodiff)}
+    (mark,) = params["torch_like-cpu"].marks
+    assert mark.kwargs["reason"] == "torch_like declares GRADIENTS = False (a forward-only sdpa)"
+    assert params["torch_like-cpu"].values == (impl, "cpu", None)
