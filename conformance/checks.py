@@ -455,8 +455,9 @@ class Judge:
             raise HungEarlier(clause, message, record)
         raise ConformanceFailure(clause, message, record)
 
-    def record(self, case: Case, clause: str, status: str, **figures) -> CaseRecord:
-        rec = CaseRecord(
+    def new_record(self, case: Case, clause: str, status: str, **figures) -> CaseRecord:
+        """A record of this case, not yet kept (fail(record=...) keeps it with the verdict)."""
+        return CaseRecord(
             test=self.test_name,
             implementation=self.impl.name,
             clause=clause,
@@ -468,6 +469,9 @@ class Judge:
             shapes={k: list(v) for k, v in case.shapes().items()},
             **figures,
         )
+
+    def record(self, case: Case, clause: str, status: str, **figures) -> CaseRecord:
+        rec = self.new_record(case, clause, status, **figures)
         RECORDS.append(rec)
         return rec
 
@@ -748,11 +752,7 @@ class Judge:
             ratio=float(ratio[worst]) if ratio.size else 0.0,
         )
         status = "deviation" if policy != "zeros" and bool(empty.any()) else "passed"
-        record = CaseRecord(
-            test=self.test_name, implementation=self.impl.name, clause=clause, case=case.label, op=case.op,
-            dtype=self.dtype, device=self.device, status=status,
-            shapes={k: list(v) for k, v in case.shapes().items()}, **figures,
-        )
+        record = self.new_record(case, clause, status, **figures)
         if ratio.size and ratio[worst] > 1.0:
             index = tuple(int(i) for i in worst)
             # Filed under the test's own clause only if no feature the test is not about explains it.

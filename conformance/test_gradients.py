@@ -184,12 +184,16 @@ def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "
                 else:
                     note = "; it also disagrees with the kv heads repeated to Hq (no GQA)"
             index = tuple(int(i) for i in worst)
+            # The record carries the figures, so the report's plot shows the case above its line at 1.
+            record = judge.new_record(case, clause, "failed", max_abs_error=float(error.max()),
+                                      allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))
             judge.fail(
                 clause, case, inputs,
                 f"{name} = dL/d{INPUT_OF[name]}: max abs error {float(error.max()):.3e} exceeds the allowed error "
                 f"(worst element: error {error[worst]:.3e} > allowed {allowed[name][worst]:.3e}, "
                 f"{ratio[worst]:.3g}x the {judge.dtype} sdpa_backward tolerance of spec/tolerances.yaml){note}",
                 f"{name} index {index}: got {got[name][worst]:.9g}, analytic backward {want[name][worst]:.9g}",
+                record=record,
             )
         judge.record(case, clause, "passed", max_abs_error=float(error.max()),
                      allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))

@@ -114,6 +114,9 @@ def _run_property(verdicts: Verdicts, impl, fn, dtype: str, max_examples: int) -
     op = _op(fn)
     if op and not impl.implements(op):
         return
+    # What pytest's collection decides from the test's applies_to marker (conformance/plugin.py)
+    if any(mark.name == "applies_to" and mark.args[0](impl) for mark in getattr(fn, "pytestmark", [])):
+        return
     inner = fn.__wrapped__  # the Hypothesis-wrapped test under @property_test
     base = inner._hypothesis_internal_use_settings
     inner._hypothesis_internal_use_settings = settings(

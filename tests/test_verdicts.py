@@ -97,3 +97,20 @@ def test_a_key_whose_float64_weight_underflows_still_counts_under_a_large_bfloat
     case = Case("sdpa", {"q": q, "k": k, "v": v, "mask": np.full((1, 1, 1, 2), -998244352.0)}, ("sdpa.definition",),
                 "row offset by -1e9, second weight below float64's range", mask_kind="float")
     Judge(load_implementation(name), "bfloat16", "cpu").check(case)
+
+
+def test_a_gradient_beyond_its_tolerance_is_kept_with_its_ratio(kept_records):
+    """A failed gradient case carries its error, allowed error and ratio, so the report's plot draws it above 1."""
+    pytest.importorskip("torch")
+    from attention_conformance.conformance import checks
+    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+
+    case = sdpa_case(("grad.sdpa-q",))
+    case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 1, 3, 2))
+    judge = GradientJudge(load_implementation("zoo.broken_backward_dk_no_scale"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge_gradients(judge, case, case.rounded("float64"))
+    record = raised.value.record
+    assert raised.value.clause == "grad.sdpa-k" and record.status == "failed"
+    assert record.ratio > 1 and record.max_abs_error > record.allowed > 0
+    assert [rec for rec in checks.RECORDS if rec.status == "failed"] == [record]
