@@ -96,8 +96,8 @@ def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bo
         top = region.lengths.max or 2048
         candidates = [n for n in range(region.lengths.min, top + 1, region.lengths.multiple)][:64]
     if lengths is not None:  # the property asks for lengths of its own (tile edges, say): honour those inside
-        lq = draw(lengths.filter(region.lengths.contains), label="Lq")
-        lk = lq if same_lengths else draw(lengths.filter(region.lengths.contains), label="Lk")
+        lq = draw(_inside(lengths, region.lengths), label="Lq")
+        lk = lq if same_lengths else draw(_inside(lengths, region.lengths), label="Lk")
         return lq, lk
     modes = ("prefill", "cross") if is_causal else KERNEL_QUERY_MODES
     mode = query_mode or ("prefill" if same_lengths else draw(st.sampled_from(modes), label="query mode"))
@@ -158,6 +158,15 @@ def _build_mask(rng, kind, shape, lq, lk, is_causal, allow_empty_rows):
         fill = -np.inf if kind == "float" else rng.choice([-1e9, -1e4, -3e2])
         return np.where(keep, values, fill)
     return keep
+
+
+def _inside(sizes, allowed):
+    """``sizes`` kept inside a region's IntRange. No filter where the range admits every size: Hypothesis reads
+    a filter predicate's source to look for bounds (inspect.getsource, about 1 ms), once per strategy built,
+    and these are built on every draw: that was a tenth of a property test's time."""
+    if allowed.values is None and allowed.min <= 1 and allowed.max is None and allowed.multiple == 1:
+        return sizes
+    return sizes.filter(allowed.contains)
 
 
 @st.composite
@@ -222,13 +231,13 @@ def sdpa_cases(
         lq = draw(lengths, label="Lq")
         lk = lq if same_lengths else draw(lengths, label="Lk")
         dims = st.integers(1, MAX_DIM) if dims is None else dims
-        dk = draw(dims.filter(region.head_dims.contains), label="Dk")
+        dk = draw(_inside(dims, region.head_dims), label="Dk")
         dv_choices = None
     # Half the cases keep Dv == Dk, which many kernels require.
     if same_dims or region.same_value_dim or draw(st.booleans(), label="Dv == Dk"):
         dv = dk
     else:
-        dv = draw(st.sampled_from(dv_choices) if dv_choices else dims.filter(region.head_dims.contains), label="Dv")
+        dv = draw(st.sampled_from(dv_choices) if dv_choices else _inside(dims, region.head_dims), label="Dv")
     kind = draw(st.sampled_from(kinds), label="mask")
     sigma_name = draw(st.sampled_from(sigmas), label="score magnitude")
     chosen_scale = draw(scale, label="scale")
