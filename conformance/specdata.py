@@ -282,10 +282,7 @@ def oracle_disagreement(fx: Fixture, got: np.ndarray | None = None) -> str | Non
         return f"the oracle gives {int(bad.sum())} non-finite value(s), first at index {_first(bad)}"
     if fx.expected.shape != got.shape:
         return f"shape {fx.expected.shape} but the inputs give {got.shape}"
-    same_special = (np.isnan(got) & np.isnan(fx.expected)) | (np.isinf(got) & (got == fx.expected))
-    with np.errstate(invalid="ignore"):
-        within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected))
-    within |= ~judged_elements(fx, got.shape)
+    within = within_printed(fx, got)
     if fx.kind == "example" and not within.all():
         index = _first(~within)
         return (f"the oracle does not reproduce the printed values: {int((~within).sum())} of {within.size} differ "
@@ -295,6 +292,15 @@ def oracle_disagreement(fx: Fixture, got: np.ndarray | None = None) -> str | Non
         return (f"the oracle reproduces this counterexample within atol {fx.atol:g} + rtol {fx.rtol:g}: "
                 "a counterexample must be values a correct implementation does not give")
     return None
+
+
+def within_printed(fx: Fixture, got: np.ndarray) -> np.ndarray:
+    """Elementwise: ``got`` reproduces the fixture's printed values within its atol + rtol (the same NaN or
+    infinity counts), or the element is not compared (judged_elements)."""
+    same_special = (np.isnan(got) & np.isnan(fx.expected)) | (np.isinf(got) & (got == fx.expected))
+    with np.errstate(invalid="ignore"):
+        within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected))
+    return within | ~judged_elements(fx, got.shape)
 
 
 def judged_elements(fx: Fixture, shape: tuple[int, ...]) -> np.ndarray:
