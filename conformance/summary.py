@@ -123,22 +123,18 @@ def terminal_summary(tr, config) -> None:
 
 
 def skipped_lines(tr) -> None:
-    """pytest items skipped, one line per reason with its count (pyproject's -r leaves them out: on a machine
-    without a GPU every test of every CUDA-capable implementation would be a line of its own)."""
+    """pytest items skipped, one line per reason with its count (pyproject's -r leaves them out: every test of an
+    implementation lacking an operation would be a line of its own). Absent devices are deselected instead
+    (coverage.absent_lines)."""
     reasons: Counter = Counter()
-    absent: dict[str, set[str]] = defaultdict(set)  # device -> implementations it is absent for
     grouped: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # line -> who -> what
     for report in tr.stats.get("skipped", []):
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
         reason = reason.removeprefix("Skipped: ")
-        device = ABSENT_DEVICE.fullmatch(reason)
         not_exposed = NOT_EXPOSED.fullmatch(reason)
         missing = MISSING_KEYWORD.fullmatch(reason)
-        if device:
-            absent[device["device"]].add(device["impl"])
-            reason = f"{device['device']} is not available on this machine"
-        elif not_exposed:
+        if not_exposed:
             grouped[NOT_EXPOSED_LINE][not_exposed["impl"]].add(not_exposed["op"])
             reason = NOT_EXPOSED_LINE
         elif missing:
@@ -150,8 +146,7 @@ def skipped_lines(tr) -> None:
         tr.write_line(f"pytest items skipped ({sum(reasons.values())}), by reason:")
         ranked = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
         for reason, count in ranked[:SKIP_REASONS_SHOWN]:
-            device = reason.split(" ", 1)[0]
-            names = f" ({', '.join(sorted(absent[device]))})" if reason.endswith("not available on this machine") else ""
+            names = ""
             if reason in grouped:
                 names = " " + "; ".join(f"{who} {', '.join(sorted(what))}" for who, what in sorted(grouped[reason].items()))
             tr.write_line(f"  {count:>4} x {reason[:150]}{names}")
@@ -169,9 +164,6 @@ MISSING_KEYWORD_LINE = "unsupported (keywords not in the signature):"
 
 # The default run stays short (issue 16: under ~80 lines when nothing fails): the most frequent reasons, then one line.
 SKIP_REASONS_SHOWN = 6
-
-# plugin.absent_device_reason's wording
-ABSENT_DEVICE = re.compile(r"(?P<device>\w+) is not available to (?P<impl>\S+) \(\w+\) on this machine")
 
 
 SUITE_MODULES = ("ml_dtypes", "hypothesis", "pytest")  # the suite's own dependencies; frameworks come from adapters
