@@ -188,7 +188,6 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     d, lk = q.shape[-1], k.shape[-2]
     scale_value = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kt = np.swapaxes(k, -1, -2)
-    p = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)
     raw = scale_value * (q @ kt)  # scale * q . k
     # What the softmax sees (softcap, ALiBi and the float mask applied); -inf where a key is removed.
     # A key is attended where its score is finite, not where its float64 weight is > 0: a weight below
@@ -202,6 +201,7 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     with np.errstate(divide="ignore"):
         log_p = np.where(attended, shift - np.log(np.sum(np.where(attended, np.exp(shift), 0.0), axis=-1,
                                                                 keepdims=True)), -np.inf)
+    p = np.exp(log_p)  # the exact weights; 0 on removed keys and on fully masked rows
     # delta_ij: the score's own roundings (product, scale, mask addition, max shift) and its float32 sum.
     delta = u * (c["c_score_round"] * np.abs(raw) + np.abs(s) + np.abs(shift))
     delta = delta + c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
@@ -263,28 +263,18 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     return np.nan_to_num(allowed, nan=np.inf, posinf=np.inf)
 
 
-def _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str, **variants) -> np.ndarray:
-    u = unit_roundoff(dtype)
-    allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants)
-    empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
-    if policy == "uniform":  # a fully masked row is the mean of v: the first-order model's bound for it
-        v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
-        spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
-        return np.where(empty, spread, allowed)
-    return np.where(empty, 0.0, allowed)
-
-
 def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False,
                  **variants) -> np.ndarray:
     """``variants``: the variant keywords of the case (oracle.variant_options); query_lengths changes nothing
     here (padding rows are not judged)."""
     variants = {n: x for n, x in variants.items() if n != "query_lengths"}
-    if is_sixteen_bit(dtype):
-        return _sdpa16_allowed(q, k, v, mask, is_causal, scale, dtype, policy, **variants)
     u = unit_roundoff(dtype)
-    allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32), **variants)
+    if is_sixteen_bit(dtype):
+        allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants)
+    else:
+        allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32), **variants)
     empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
-    if policy == "uniform":
+    if policy == "uniform":  # a fully masked row is the mean of v: the first-order model's bound for it
         v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
         spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
         return np.where(empty, spread, allowed)
