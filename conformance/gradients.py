@@ -5,7 +5,7 @@ sdpa with its framework's autodiff, through the ``vjp`` of the implementation's
 array adapter (implementations/_arrays.py): for ARRAY "torch" the inputs become
 leaf tensors with requires_grad and ``out.backward(d_out)`` runs; for ARRAY "jax"
 ``jax.vjp`` runs over a function of (q, k, v[, mask]) calling sdpa. Which kinds
-differentiate at all (GRADIENT_ARRAYS) is what the adapters declare. Only a float
+differentiate at all (DIFFERENTIABLE) is what the adapters declare. Only a float
 (additive) mask is differentiated; a boolean mask is a constant. 16-bit inputs are
 differentiated as the framework does it, in that dtype; the results are widened to
 float64 for the comparison. Frameworks are imported only inside the adapters.
@@ -27,14 +27,7 @@ from . import oracle, oracle_backward
 from .tolerances import model, tf32_unit_roundoff, unit_roundoff
 
 GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "mask": "dmask"}
-__all__ = ["NotDifferentiable", "backward_allowed", "gradients"]  # and GRADIENT_ARRAYS, from __getattr__
-
-
-def __getattr__(name: str):
-    # The array kinds whose adapter declares DIFFERENTIABLE, as registered when asked.
-    if name == "GRADIENT_ARRAYS":
-        return differentiable_kinds()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["NotDifferentiable", "backward_allowed", "gradients"]
 
 
 def _keywords(inputs: dict[str, Any]) -> dict[str, Any]:

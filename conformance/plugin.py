@@ -21,15 +21,7 @@ ENTRY_POINT_GROUP = "attention_conformance.implementations"
 IMPLS_KEY = pytest.StashKey[list]()
 USER_NAMED_KEY = pytest.StashKey[set]()  # implementations the user named (--impl, $ENV_VAR, entry points)
 
-__all__ = ["DTYPE_NAMES"]  # and DEVICES, from __getattr__
-
-
-def __getattr__(name: str):
-    # DEVICES (--device's choices, and what "all" selects) is the union of the array adapters' devices
-    # (implementations/_arrays.py), computed when asked so that a registered adapter's devices count.
-    if name == "DEVICES":
-        return device_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["DTYPE_NAMES"]
 
 
 def array_devices(array: str) -> tuple[str, ...]:
@@ -207,6 +199,14 @@ def _selected_devices(config) -> tuple[str, ...]:
     return device_names() if choice == "all" else (choice,)
 
 
+def _candidate_devices(config, impl: Implementation) -> list[str]:
+    """The devices --device selects that impl's array offers and impl declares (present here or not)."""
+    devices = [d for d in array_devices(impl.array) if d in _selected_devices(config)]
+    if impl.declared_devices is not None:
+        devices = [d for d in devices if d in impl.declared_devices]
+    return devices
+
+
 def _selected_dtypes(config, impl: Implementation, device: str) -> list[str]:
     wanted = config.getoption("dtype") or DTYPE_NAMES
     return [d for d in DTYPE_NAMES if d in impl.dtypes_on(device) and d in wanted]
@@ -238,10 +238,7 @@ def implementation_params(config, op: str | None, applies_to=None):
     """
     params = []
     for impl in implementations(config):
-        devices = [d for d in array_devices(impl.array) if d in _selected_devices(config)]
-        if impl.declared_devices is not None:
-            devices = [d for d in devices if d in impl.declared_devices]
-        for device in devices:
+        for device in _candidate_devices(config, impl):
             dtypes = _selected_dtypes(config, impl, device)
             if not dtypes:
                 continue
@@ -374,9 +371,7 @@ def enforce_coverage(session) -> None:
 def _why_not_runnable(config, impl: Implementation) -> str:
     if impl.skip_reason:
         return impl.skip_reason
-    devices = [d for d in _selected_devices(config) if d in array_devices(impl.array)]
-    if impl.declared_devices is not None:
-        devices = [d for d in devices if d in impl.declared_devices]
+    devices = _candidate_devices(config, impl)
     if not devices:
         return (f"--device {config.getoption('device')} selects none of the devices it runs on "
                 f"({', '.join(impl.declared_devices or array_devices(impl.array))})")

@@ -281,9 +281,3 @@ def device_info() -> dict[str, Any]:
         info.update(adapter.device_info())
     return info
 
-
-def __getattr__(name: str):
-    # DEVICE_NAMES follows the adapters registered so far, so it is computed on each access.
-    if name == "DEVICE_NAMES":
-        return device_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

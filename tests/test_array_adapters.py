@@ -13,11 +13,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import gradients, plugin, summary
+from attention_conformance.conformance import plugin, summary, test_gradients
 from attention_conformance.conformance.specdata import ROOT
 from attention_conformance.implementations import _arrays
 
@@ -122,14 +123,18 @@ class _Toy(_arrays.ArrayAdapter):
 
 def test_the_other_modules_derive_devices_versions_and_gradients_from_the_adapters(monkeypatch):
     monkeypatch.setitem(_arrays.ARRAY_KINDS, "toy", _Toy())
-    assert _arrays.DEVICE_NAMES == plugin.DEVICES == ("cpu", "cuda", "npu")
+    assert _arrays.device_names() == ("cpu", "cuda", "npu")
     assert plugin.array_devices("toy") == ("cpu", "npu") and plugin.array_devices("numpy") == ("cpu",)
-    assert gradients.GRADIENT_ARRAYS == ("torch", "jax", "toy")
+    assert _arrays.differentiable_kinds() == ("torch", "jax", "toy")
+    toy_impl, numpy_impl = SimpleNamespace(array="toy", gradients=True, name="t"), SimpleNamespace(array="numpy", name="n")
+    assert test_gradients._without_autodiff(toy_impl) is None
+    assert test_gradients._without_autodiff(numpy_impl) == (
+        "gradients are checked for ARRAY 'torch' or 'jax' or 'toy'; n has ARRAY 'numpy'")
     versions = summary.local_environment()["versions"]
     assert "toy_framework_not_imported" in versions and versions["toy_framework_not_imported"] is None
     assert list(versions)[:2] == ["python", "numpy"] and versions["numpy"] == np.__version__
     monkeypatch.delitem(_arrays.ARRAY_KINDS, "toy")
-    assert plugin.DEVICES == ("cpu", "cuda") and gradients.GRADIENT_ARRAYS == ("torch", "jax")
+    assert _arrays.device_names() == ("cpu", "cuda") and _arrays.differentiable_kinds() == ("torch", "jax")
 
 
 def test_register_rejects_an_adapter_without_a_kind_or_devices():
