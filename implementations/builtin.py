@@ -39,24 +39,14 @@ import numpy as np
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
-# The variant keywords of the contract (issue 17) and their defaults; a call passes one only when a case uses it.
-VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "query_offset": 0,
-                    "query_lengths": None, "key_lengths": None}
-
-
-def _used_variants(**given) -> dict:
-    return {name: value for name, value in given.items() if value is not VARIANT_DEFAULTS[name]
-            and not (name == "query_offset" and value == 0)}
-
-
 def _host_ints(x) -> np.ndarray:
     """Per-example lengths as NumPy ints (they are structure: which keys exist, not data)."""
     return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(np.int64)
 
 
 def _distance(lq: int, lk: int, query_offset: int) -> np.ndarray:
-    """(lq, lk): p_i - j, query i at position query_offset + i, key j at j."""
-    return (query_offset + np.arange(lq))[:, None] - np.arange(lk)[None, :]
+    """(lq, lk): |p_i - j|, query i at position query_offset + i, key j at j (ALiBi's distance)."""
+    return np.abs((query_offset + np.arange(lq))[:, None] - np.arange(lk)[None, :])
 
 
 def _positions_allowed(lq, lk, is_causal=False, window=None, query_offset=0, key_lengths=None) -> np.ndarray:
@@ -164,8 +154,9 @@ class NumpyOracle:
              query_offset=0, query_lengths=None, key_lengths=None):
         from attention_conformance.conformance import oracle
 
-        variants = _used_variants(window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                                  query_offset=query_offset, query_lengths=query_lengths, key_lengths=key_lengths)
+        variants = oracle.variant_options(dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                               query_offset=query_offset, query_lengths=query_lengths,
+                                               key_lengths=key_lengths))
         return oracle.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale, **variants)
 
     @staticmethod
@@ -215,7 +206,7 @@ class NumpyNative:
             cap = dtype.type(softcap)
             scores = (np.tanh((scores / cap).astype(dtype)).astype(dtype) * cap).astype(dtype)
         if alibi_slopes is not None:
-            distance = np.abs(_distance(lq, lk, query_offset)).astype(dtype)
+            distance = _distance(lq, lk, query_offset).astype(dtype)
             scores = (scores - (_slopes_4d(alibi_slopes, q.shape[1]).astype(dtype) * distance).astype(dtype))
             scores = scores.astype(dtype)
         allowed = _positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths)
@@ -276,7 +267,7 @@ class TorchMath:
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if alibi_slopes is not None:
-            distance = torch.from_numpy(np.abs(_distance(lq, lk, query_offset))).to(q.device)
+            distance = torch.from_numpy(_distance(lq, lk, query_offset)).to(q.device)
             scores = scores - (_slopes_4d(alibi_slopes, q.shape[1]) * distance).to(scores.dtype)
         allowed = torch.from_numpy(_positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths))
         allowed = allowed.to(q.device)
@@ -379,7 +370,7 @@ class TorchSDPA:
             if mask is not None and mask.dtype == torch.bool:
                 allowed, mask = allowed & mask, None
             if alibi_slopes is not None:
-                distance = torch.from_numpy(np.abs(_distance(lq, lk, query_offset))).to(q.device)
+                distance = torch.from_numpy(_distance(lq, lk, query_offset)).to(q.device)
                 bias = -(_slopes_4d(alibi_slopes, q.shape[1]) * distance).to(q.dtype)
                 mask = bias if mask is None else bias + mask
             mask = allowed if mask is None else torch.where(allowed, mask, float("-inf"))
