@@ -6,7 +6,6 @@ import json
 import platform
 import re
 import subprocess
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -172,10 +171,7 @@ SUITE_MODULES = ("ml_dtypes", "hypothesis", "pytest")  # the suite's own depende
 def _framework_versions() -> dict[str, str | None]:
     """Python, each registered array framework (its adapter's version probe) and the suite's dependencies."""
     versions = {"python": platform.python_version(), **arrays.framework_versions()}
-    for name in SUITE_MODULES:
-        module = sys.modules.get(name)
-        version = getattr(module, "__version__", None) if module else None
-        versions[name] = None if version is None else str(version)
+    versions.update({name: arrays.module_version(name) for name in SUITE_MODULES})
     return versions
 
 

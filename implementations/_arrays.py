@@ -67,7 +67,7 @@ def dtype_name(dtype) -> str:
     return text.rsplit(".", 1)[-1]
 
 
-def _module_version(name: str) -> str | None:
+def module_version(name: str) -> str | None:
     module = sys.modules.get(name)
     version = getattr(module, "__version__", None) if module else None
     return None if version is None else str(version)  # torch's is a str subclass xdist cannot send
@@ -94,7 +94,7 @@ class ArrayAdapter:
         return np.asarray(value)
 
     def versions(self) -> dict[str, str | None]:
-        return {name: _module_version(name) for name in self.VERSION_MODULES}
+        return {name: module_version(name) for name in self.VERSION_MODULES}
 
     def device_info(self) -> dict[str, Any]:
         return {}
