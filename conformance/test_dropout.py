@@ -26,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention_conformance.implementations._arrays import ARRAY_KINDS
+from attention_conformance.implementations._registry import missing_keywords_message
 
 from attention_conformance.conformance import tolerances
 from attention_conformance.conformance.cases import Case
@@ -58,7 +59,7 @@ def has_dropout(impl) -> bool:
 
 
 def _without_dropout(impl) -> str | None:
-    return None if has_dropout(impl) else f"{impl.name}.sdpa has no dropout_p parameter (inspect.signature)"
+    return None if has_dropout(impl) else missing_keywords_message(impl.name, "sdpa", ["dropout_p"])
 
 
 @contextlib.contextmanager

@@ -230,8 +230,10 @@ def _same(judge: Judge, case: Case, first, second, inputs, clause: str, what: st
     judge.record(case, clause, "passed", max_abs_error=float(error.max()), allowed=float(allowed[worst]))
 
 
-def _derived(case: Case, label: str, **changes) -> Case:
-    return Case(case.op, {**case.inputs, **changes}, case.clauses, f"{case.label} [{label}]", case.mask_kind)
+def _derived(case: Case, label: str, drop=(), **changes) -> Case:
+    """The case with inputs changed (and those named in ``drop`` taken out), labelled for its repro."""
+    inputs = {name: value for name, value in {**case.inputs, **changes}.items() if name not in drop}
+    return Case(case.op, inputs, case.clauses, f"{case.label} [{label}]", case.mask_kind)
 
 
 @property_test

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from attention_conformance.conformance import oracle
 from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.strategies import variant_cases
-from attention_conformance.conformance.test_properties import _judge, _same, check, property_test
+from attention_conformance.conformance.test_properties import _derived, _judge, _same, check, property_test
+from attention_conformance.implementations._registry import missing_keywords_message
 
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
@@ -29,7 +30,7 @@ def needs(*keywords: str):
             return None  # the op mark reports the operation missing
         accepted = impl.accepted_keywords("sdpa")
         missing = [k for k in keywords if accepted is not None and k not in accepted]
-        return f"unsupported: {impl.name}.sdpa has no {', '.join(repr(k) for k in missing)} parameter" if missing else None
+        return f"unsupported: {missing_keywords_message(impl.name, 'sdpa', missing)}" if missing else None
 
     return reason
 
@@ -82,11 +83,6 @@ def test_variants_combined(impl, device, dtype, case):
 
 
 # ----------------------------------------------------------------- metamorphic
-def _derived(case: Case, label: str, drop=(), **changes) -> Case:
-    inputs = {name: value for name, value in {**case.inputs, **changes}.items() if name not in drop}
-    return Case(case.op, inputs, case.clauses, f"{case.label} [{label}]", case.mask_kind)
-
-
 def _as_bool_mask(case: Case, keep: np.ndarray) -> np.ndarray:
     """The case's mask (if any) intersected with ``keep``, as a boolean (B, Hq, Lq, Lk) mask; None if float."""
     q, k = case.inputs["q"], case.inputs["k"]

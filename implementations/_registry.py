@@ -27,6 +27,12 @@ OPTIONAL_KEYWORDS = {
 }
 
 
+def missing_keywords_message(impl_name: str, op: str, keywords) -> str:
+    """How every part of the suite says an operation's signature lacks keywords (conformance/summary.py groups
+    skipped items by this wording)."""
+    return f"{impl_name}.{op} has no {', '.join(repr(k) for k in keywords)} parameter"
+
+
 class ImplementationLoadError(Exception):
     """An --impl that cannot be imported or does not meet the contract; the message is one line."""
 
@@ -101,7 +107,7 @@ class Implementation:
         if accepted is not None:
             for key, default in OPTIONAL_KEYWORDS[op].items():
                 if key not in accepted and _differs(kwargs.get(key, default), default):
-                    return f"{self.name}.{op} has no '{key}' parameter"
+                    return missing_keywords_message(self.name, op, [key])
         outside = self.region.why_outside({**shape_facts(op, kwargs), "dtype": dtype, "device": device})
         if outside:
             return f"outside {self.name}'s declared region: {outside}"
