@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from attention_conformance.implementations._registry import VARIANT_DEFAULTS  # the contract's variant keywords
+
 
 def _f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
@@ -90,11 +92,6 @@ def attention_bias(mask, is_causal: bool, lq: int, lk: int, *, window=None, quer
             allowed = allowed[0, 0]  # the plain causal band keeps its (lq, lk) shape
         bias = np.where(allowed, bias, -np.inf)
     return bias
-
-
-# The optional sdpa keywords of the variant contract (README, "The contract") and their defaults.
-VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "query_offset": 0,
-                    "query_lengths": None, "key_lengths": None}
 
 
 def variant_options(inputs: dict) -> dict:

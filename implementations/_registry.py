@@ -18,11 +18,13 @@ FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
 FLOAT32_MATMUL_MODES = ("ieee", "tf32")
 # Keywords whose default (the value in this dict) is never passed, so that an
 # implementation without the parameter still runs every case that does not need it.
+# The variant keywords of sdpa (issue 17; README, "The contract") and their defaults: keyword-only, passed only
+# when a case uses them.
+VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "query_offset": 0,
+                    "query_lengths": None, "key_lengths": None}
 OPTIONAL_KEYWORDS = {
     "softmax": {"axis": -1},
-    # The variant keywords (issue 17) are keyword-only, passed only when a case uses them.
-    "sdpa": {"mask": None, "is_causal": False, "scale": None, "window": None, "softcap": None, "alibi_slopes": None,
-             "query_offset": 0, "query_lengths": None, "key_lengths": None},
+    "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS},
     "multi_head_attention": {"mask": None, "is_causal": False},
 }
 
