@@ -16,6 +16,7 @@ from attention_conformance.implementations._region import EVERYTHING, Region
 
 from . import oracle
 from .cases import Case
+from .covering import COVERING_SCORE_BUDGET, admits, hint, hinted
 
 MAX_BATCH = 2
 MAX_KV_HEADS = 2
@@ -169,6 +170,21 @@ def _inside(sizes, allowed):
     return sizes.filter(allowed.contains)
 
 
+def _hinted_lengths(region: Region, heads: int, same_lengths: bool, lengths, query_mode) -> tuple[int, int] | None:
+    """The covering corner's (Lq, Lk) when the property and the region admit it (None: draw them)."""
+    pair = hint("lengths")
+    if pair is None:
+        return None
+    lq, lk = pair
+    if same_lengths:
+        lq = lk = max(lq, lk)
+    fits = (region.lengths.contains(lq) and region.lengths.contains(lk) and heads * lq * lk <= COVERING_SCORE_BUDGET
+            and (lengths is None or (admits(lengths, lq) and admits(lengths, lk)))
+            and (query_mode != "decode" or (lq <= 4 and lk > 64))
+            and (query_mode != "prefill" or lq == lk))
+    return (lq, lk) if fits else None
+
+
 @st.composite
 def sdpa_cases(
     draw,
@@ -203,44 +219,56 @@ def sdpa_cases(
     if not kinds:
         _outside_region(f"the property needs a {'/'.join(sorted({_mask_class(k) for k in mask_kinds}))} mask "
                         f"(declared masks: {', '.join(region.masks)})")
-    kernel = query_mode is not None or not _small_shapes_inside(region) or draw(st.integers(0, KERNEL_SHARE - 1), label="kernel-shaped") == 0
-    b = draw(st.integers(1, MAX_BATCH), label="B")
+    # A covering corner (conformance/covering.py) hints its structure; a hint the property's own strategy does not
+    # admit is not taken. Random draws see no hints.
+    kernel = query_mode is not None or not _small_shapes_inside(region) or (
+        hint("kernel") if hint("kernel") is not None
+        else draw(st.integers(0, KERNEL_SHARE - 1), label="kernel-shaped") == 0)
+    b = draw(st.integers(1, MAX_BATCH), label="B") if hint("B") is None else hint("B")
     if kv_heads is None:
         kv_heads = st.sampled_from((1, 2)) if kernel else st.integers(1, MAX_KV_HEADS)
-    hkv = draw(kv_heads, label="Hkv")
+    hkv = hint("Hkv") if hint("Hkv") is not None and admits(kv_heads, hint("Hkv")) else draw(kv_heads, label="Hkv")
     group = 1
     if gqa:
-        default_groups = st.sampled_from(KERNEL_GROUPS) if kernel else st.integers(1, MAX_GROUP)
-        group = draw(default_groups if groups is None else groups, label="Hq/Hkv")
+        groups = (st.sampled_from(KERNEL_GROUPS) if kernel else st.integers(1, MAX_GROUP)) if groups is None else groups
+        wanted = hint("group")
+        group = wanted if wanted is not None and admits(groups, wanted) else draw(groups, label="Hq/Hkv")
     if group > 1 and (not region.gqa or (region.max_group is not None and group > region.max_group)):
         if groups is not None:  # the property is about this group size
             _outside_region(f"Hq/Hkv = {group} (declared gqa: {region.gqa}, max_group: {region.max_group})")
         group = 1 if not region.gqa else min(group, region.max_group)
     hq = hkv * group
-    is_causal = draw(causal, label="is_causal")
+    is_causal = hint("is_causal") if admits(causal, hint("is_causal")) else draw(causal, label="is_causal")
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
+    corner_lengths = _hinted_lengths(region, b * hq, same_lengths, lengths, query_mode)
+    if corner_lengths:
+        lq, lk = corner_lengths
     if kernel:
-        lq, lk = _kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths, is_causal,
-                                 query_mode)
+        if not corner_lengths:
+            lq, lk = _kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths, is_causal,
+                                     query_mode)
         head_dims = region.head_dims.members(KERNEL_HEAD_DIMS) or [region.head_dims.min]
-        dk = draw(st.sampled_from(head_dims), label="Dk")
-        dv_choices = head_dims
+        dims = st.sampled_from(head_dims)
     else:
         lengths = st.integers(1, MAX_LEN) if lengths is None else lengths
-        lq = draw(lengths, label="Lq")
-        lk = lq if same_lengths else draw(lengths, label="Lk")
-        dims = st.integers(1, MAX_DIM) if dims is None else dims
-        dk = draw(_inside(dims, region.head_dims), label="Dk")
-        dv_choices = None
+        if not corner_lengths:
+            lq = draw(lengths, label="Lq")
+            lk = lq if same_lengths else draw(lengths, label="Lk")
+        dims = _inside(st.integers(1, MAX_DIM) if dims is None else dims, region.head_dims)
+    dk = hint("Dk") if hint("Dk") is not None and admits(dims, hint("Dk")) else draw(dims, label="Dk")
     # Half the cases keep Dv == Dk, which many kernels require.
-    if same_dims or region.same_value_dim or draw(st.booleans(), label="Dv == Dk"):
+    wanted_dv = hint("Dv")
+    if same_dims or region.same_value_dim or (wanted_dv == dk if wanted_dv is not None
+                                               else draw(st.booleans(), label="Dv == Dk")):
         dv = dk
     else:
-        dv = draw(st.sampled_from(dv_choices) if dv_choices else _inside(dims, region.head_dims), label="Dv")
-    kind = draw(st.sampled_from(kinds), label="mask")
-    sigma_name = draw(st.sampled_from(sigmas), label="score magnitude")
-    chosen_scale = draw(scale, label="scale")
+        dv = wanted_dv if wanted_dv is not None and admits(dims, wanted_dv) else draw(dims, label="Dv")
+    kind = kinds[hint("mask") % len(kinds)] if hint("mask") is not None else draw(st.sampled_from(kinds), label="mask")
+    magnitudes = st.sampled_from(sigmas)
+    sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
+                                                                                      label="score magnitude")
+    chosen_scale = hint("scale") if hinted("scale") and admits(scale, hint("scale")) else draw(scale, label="scale")
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
     rng = np.random.default_rng(seed)
     # Raw dot products grow like sqrt(Dk): past the small dims, q and k shrink by (MAX_DIM / Dk)^(1/4) so an explicit

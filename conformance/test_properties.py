@@ -1,73 +1,31 @@
 """Generated cases against the oracle, and metamorphic properties, one test per clause.
 
 Each test draws cases that exercise its clause while holding the rest simple, so a
-failure names the clause that is broken. Sizes are capped in strategies.py.
+failure names the clause that is broken. Sizes are capped in strategies.py; how each
+property runs (its covering set of corners, then random draws, its budget and its
+bounded shrinking) is conformance/properties.py.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import functools
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
 
 from attention_conformance.conformance import oracle
 from attention_conformance.conformance.cases import Case, widen
 from attention_conformance.conformance import checks
 from attention_conformance.conformance.checks import Judge
 from attention_conformance.conformance.plugin import require_device
-from attention_conformance.implementations._region import EVERYTHING
+from attention_conformance.conformance.properties import property_test
 
-from attention_conformance.conformance.strategies import (MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, drawing_inside, sdpa_cases,
-                         softmax_cases)
+from attention_conformance.conformance.strategies import (MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, sdpa_cases,
+                                                          softmax_cases)
 
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
 softmax_op = pytest.mark.op("softmax")
-
-
-JIT_EXAMPLE_DIVISOR = 10  # see README, "Speed": XLA compiles once per distinct input signature
-MIN_JIT_EXAMPLES = 1
-
-
-def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None):
-    """Outermost decorator of every property.
-
-    A property whose every generated case was unsupported is skipped, not failed.
-    Cases are drawn inside the implementation's declared region (SUPPORTS).
-    For compiling implementations (ARRAY="jax", or COMPILED=True such as a
-    torch.compile'd kernel) each new shape costs a compile (80-160 ms for XLA on the
-    CI machine, seconds for inductor, against under 1 ms per call), so they run a
-    tenth of the profile's examples (at least ``min_jit_examples``): 1 in dev, 2 in
-    ci, 10 in thorough. Their fixtures run in full. ``requires(impl)`` may return why the
-    property does not apply to an implementation: it becomes the test's ``applies_to`` marker,
-    decided at collection (conformance/plugin.py).
-    """
-    if test is None:
-        return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires)
-
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        impl = kwargs.get("impl")
-        # Hypothesis keeps the profile chosen at decoration on the test; swap in a
-        # smaller budget for this call only.
-        base = test._hypothesis_internal_use_settings
-        if impl is not None and impl.compiled:
-            test._hypothesis_internal_use_settings = settings(
-                base, max_examples=max(min_jit_examples, base.max_examples // JIT_EXAMPLE_DIVISOR)
-            )
-        checks.reset_support_counts()
-        try:
-            with drawing_inside(impl.region if impl is not None else EVERYTHING):
-                return test(*args, **kwargs)
-        except Unsatisfiable:
-            pytest.skip(f"unsupported: every generated case was unsupported ({checks.LAST_UNSUPPORTED[0]})")
-        finally:
-            test._hypothesis_internal_use_settings = base
-
-    return pytest.mark.applies_to.with_args(requires)(run) if requires else run  # with_args: the argument is a callable
 
 
 def _judge(impl, device, dtype):

@@ -1,0 +1,257 @@
+"""The deterministic covering set each property runs before its random draws.
+
+A kernel's bugs live at structural corners: causal with Lq <, = and > Lk; lengths one
+short of, at and one past a block; one kv head, 1 < Hkv < Hq, Hkv = Hq; the smallest and
+largest head dim; a zero or negative scale; each mask kind. A few dozen random draws at
+an expensive per-call cost miss them (a Pallas-shaped kernel was judged on 78 random
+cases and passed, with NaN rows for causal Lq > Lk inside its own region). So every
+property first runs the corners below, made concrete inside the judged implementation's
+declared region (SUPPORTS), then draws at random as before.
+
+How a corner becomes a case: ``CORNERS`` names each corner abstractly (a length relation,
+a kv-head layout, "the largest head dim"); ``hints_for`` turns it into concrete numbers for
+a region; the property's own strategy is then *built*, not drawn, by ``DeterministicDraw``:
+each labelled draw of conformance/strategies.py takes the hinted value when the property's
+strategy admits it (``admits``) and the strategy's first value otherwise. A property that
+holds a feature fixed (``causal=st.just(False)``, ``gqa=False``) therefore keeps it fixed,
+and its corners are those of the features it varies; two corners that build the same case
+are run once.
+
+Random draws never see hints: with no corner active the strategies draw exactly as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import random
+
+from hypothesis.strategies._internal.core import CompositeStrategy, DataStrategy
+from hypothesis.strategies._internal.collections import ListStrategy
+from hypothesis.strategies._internal.lazy import LazyStrategy
+from hypothesis.strategies._internal.misc import BooleansStrategy, JustStrategy
+from hypothesis.strategies._internal.numbers import IntegersStrategy
+from hypothesis.strategies._internal.strategies import (FilteredStrategy, OneOfStrategy,
+                                                        SampledFromStrategy)
+
+from attention_conformance.implementations._region import Region
+
+# The structural corners, most telling first (a property that admits fewer of them runs fewer cases).
+# lengths: "q>k" (more queries than keys: a causal key loop that runs past the last key block), "q<k",
+# "q=k" at one past a block, "decode" (Lq 1 against a long cache), "edge-1"/"edge" (one short of, at a block).
+# kv: "grouped" (1 < Hkv < Hq), "one" (Hkv = 1, Hq > 1), "full" (Hkv = Hq). dk: the region's smallest or
+# largest head dim. scale: None (the default 1/sqrt(Dk)), or an explicit value. mask: the i-th mask kind
+# the property draws (each kind in turn). kernel: kernel-shaped (around a block of 64) also for an
+# implementation that takes the small shapes, whose other corners are small.
+CORNERS: tuple[dict, ...] = (
+    dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True),
+    dict(is_causal=True, lengths="q<k", kv="one", dk="min", scale=-1.0),
+    dict(is_causal=False, lengths="q>k", kv="one", dk="min", scale=0.0, mask=1),
+    dict(is_causal=False, lengths="decode", kv="grouped", dk="max", scale=None, mask=2),
+    dict(is_causal=True, lengths="q=k", kv="full", dk="max", scale=0.125, mask=1),
+    dict(is_causal=False, lengths="q<k", kv="grouped", dk="min", scale=-1.0, mask=3, dv="other"),
+    dict(is_causal=False, lengths="edge-1", kv="full", dk="max", scale=None, magnitude="large", kernel=True),
+    dict(is_causal=True, lengths="edge", kv="one", dk="min", scale=None, mask=2),
+    dict(is_causal=False, lengths="q=k", kv="grouped", dk="max", scale=0.0, mask=4),
+    dict(is_causal=True, lengths="decode", kv="grouped", dk="min", scale=None, mask=5, magnitude="large"),
+    dict(is_causal=False, lengths="q>k", kv="full", dk="min", scale=-1.0, mask=6, dv="other"),
+    dict(is_causal=True, lengths="q>k", kv="one", dk="max", scale=None, mask=7),
+)
+# A corner case may hold up to this many scores (B * Hq * Lq * Lk): four times a random kernel-shaped
+# case's budget, so that a region whose lengths are multiples of 128 still gets Lq > Lk with grouped heads.
+COVERING_SCORE_BUDGET = 2**17
+
+_HINTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("covering_hints", default=None)
+
+
+def hint(name: str):
+    """The active corner's value for ``name`` (None: no corner active, or it says nothing of ``name``)."""
+    hints = _HINTS.get()
+    return None if hints is None else hints.get(name)
+
+
+def hinted(name: str) -> bool:
+    """Whether the active corner sets ``name`` (its value may be None: the default scale, say)."""
+    hints = _HINTS.get()
+    return hints is not None and name in hints
+
+
+@contextlib.contextmanager
+def building(hints: dict):
+    """Strategies built inside take these hints (conformance/strategies.py reads them with ``hint``)."""
+    token = _HINTS.set(hints)
+    try:
+        yield
+    finally:
+        _HINTS.reset(token)
+
+
+# ------------------------------------------------------------------ strategy introspection
+def _unwrap(strategy):
+    while isinstance(strategy, LazyStrategy):
+        strategy = strategy.wrapped_strategy
+    return strategy
+
+
+ENUMERABLE_RANGE = 4096  # integer ranges up to this wide are listed; wider ones are a (min, max) range
+
+
+def strategy_values(strategy) -> list | None:
+    """Every value ``strategy`` can produce, in its own order, when that is a short list; None otherwise."""
+    s = _unwrap(strategy)
+    if isinstance(s, BooleansStrategy):
+        return [False, True]
+    if isinstance(s, SampledFromStrategy) and not s._transformations:  # just() is one too
+        return list(s.elements)
+    if isinstance(s, IntegersStrategy) and s.start is not None and s.end is not None \
+            and s.end - s.start <= ENUMERABLE_RANGE:
+        return list(range(s.start, s.end + 1))
+    if isinstance(s, OneOfStrategy):
+        values: list = []
+        for branch in s.original_strategies:
+            more = strategy_values(branch)
+            if more is None:
+                continue
+            values.extend(v for v in more if v not in values)
+        return values or None
+    if isinstance(s, FilteredStrategy):
+        inner = strategy_values(s.filtered_strategy)
+        return None if inner is None else [v for v in inner if all(c(v) for c in s.flat_conditions)]
+    return None
+
+
+def admits(strategy, value) -> bool:
+    """Whether ``strategy`` can produce ``value`` (False when that cannot be told)."""
+    values = strategy_values(strategy)
+    if values is not None:
+        return any(type(v) is type(value) and v == value for v in values) or (
+            value is None and None in values)
+    s = _unwrap(strategy)
+    return isinstance(s, IntegersStrategy) and isinstance(value, int) and (
+        (s.start is None or value >= s.start) and (s.end is None or value <= s.end))
+
+
+# The draws of conformance/strategies.py that set a case's structure: without a hint they take the strategy's
+# first (simplest) value. Every other draw (values seeds, variant keywords, a permutation) is free.
+STRUCTURE_LABELS = frozenset({"kernel-shaped", "B", "Hkv", "Hq/Hkv", "is_causal", "query mode", "Lq = Lk",
+                              "Lq (decode)", "Lq", "Lk", "Dk", "Dv == Dk", "Dv", "mask", "score magnitude", "scale"})
+
+
+class CannotBuild(Exception):
+    """A corner the property's strategy cannot build (a filter rejects it, or a strategy has no first value)."""
+
+
+class DeterministicDraw:
+    """A ``draw`` for the suite's composite strategies that builds one case without Hypothesis.
+
+    A labelled draw takes ``pick[label]`` when the strategy admits it; any other draw takes the
+    strategy's first value (Hypothesis's simplest) when it sets structure (STRUCTURE_LABELS); the
+    free draws come from a generator seeded by the corner's index, so corners differ in their values
+    and variant keywords too.
+    """
+
+    def __init__(self, index: int, pick: dict | None = None):
+        self.rng = random.Random(index)
+        self.pick = pick or {}
+
+    def __call__(self, strategy, label=None):
+        s = _unwrap(strategy)
+        if isinstance(s, CompositeStrategy):
+            return s.definition(self, *s.args, **s.kwargs)
+        if isinstance(s, DataStrategy):
+            return _DataStandIn(self)
+        if isinstance(s, FilteredStrategy) and strategy_values(s) is None:
+            value = self(s.filtered_strategy, label)
+            if not all(condition(value) for condition in s.flat_conditions):
+                raise CannotBuild(f"this corner's value of {label or 'a draw'} is filtered out")
+            return value
+        if label in self.pick and admits(s, self.pick[label]):
+            return self.pick[label]
+        values = strategy_values(s)
+        free = label not in STRUCTURE_LABELS
+        if values:
+            return self.rng.choice(values) if free else values[0]
+        if isinstance(s, ListStrategy) and s.max_size != float("inf"):
+            size = self.rng.randint(s.min_size, s.max_size) if free else s.min_size
+            return [self(s.element_strategy, None if free else label) for _ in range(size)]
+        if isinstance(s, IntegersStrategy):
+            low = s.start if s.start is not None else 0
+            return self.rng.randint(low, s.end if s.end is not None else low + 2**16) if free else low
+        raise CannotBuild(f"the covering set cannot build a value of {strategy!r} (label {label!r}); "
+                          "a sampled_from or a bounded integers strategy it can")
+
+
+class _DataStandIn:
+    """What a test given ``st.data()`` draws from while its corners are built."""
+
+    def __init__(self, draw: DeterministicDraw):
+        self._draw = draw
+
+    def draw(self, strategy, label=None):
+        return self._draw(strategy, label)
+
+
+# ------------------------------------------------------------------ corners made concrete
+def _block(region: Region) -> int:
+    """The region's block: its declared length multiple, else 64 (the key tile of flash kernels)."""
+    return region.lengths.multiple if region.lengths.multiple > 1 else 64
+
+
+def _length_pair(relation: str, region: Region, small: bool) -> tuple[int, int]:
+    """(Lq, Lk) for a length relation: small shapes (1..7), or around the region's block."""
+    if small:
+        return {"q>k": (7, 3), "q<k": (3, 7), "q=k": (5, 5), "decode": (1, 7), "edge-1": (6, 6),
+                "edge": (7, 7)}[relation]
+    block = _block(region)
+    near = sorted({n for m in (block, 2 * block, 3 * block) for n in (m - 1, m, m + 1)} | {1, 2, 4})
+    members = region.lengths.members(near) or [region.lengths.min]
+    up_to_block = [n for n in members if n <= block] or members[:1]
+    past_block = [n for n in members if n > block] or members[-1:]
+    if relation == "q>k":  # one query block more than the keys: a causal key loop must stop at the last key
+        return past_block[0], up_to_block[-1]
+    if relation == "q<k":
+        return up_to_block[-1], past_block[min(len(past_block) - 1, 2)]
+    if relation == "q=k":
+        return past_block[0], past_block[0]
+    if relation == "decode":
+        return members[0], members[-1]
+    wanted = block - 1 if relation == "edge-1" else block
+    n = min(members, key=lambda m: (abs(m - wanted), m))
+    return n, n
+
+
+def _kv_heads(kv: str, region: Region) -> tuple[int, int]:
+    """(Hkv, Hq / Hkv) for a kv layout inside the region's GQA declaration."""
+    largest = 4 if region.max_group is None else max(1, min(4, region.max_group))
+    if not region.gqa or largest == 1:
+        return (2, 1) if kv == "full" else (1, 1)
+    return {"grouped": (2, 2), "one": (1, largest), "full": (2, 1)}[kv]
+
+
+def hints_for(corner: dict, index: int, region: Region, small: bool) -> dict:
+    """The corner's concrete values for an sdpa case inside ``region`` (what strategies.py reads)."""
+    small = small and not corner.get("kernel", False)
+    hkv, group = _kv_heads(corner["kv"], region)
+    lq, lk = _length_pair(corner["lengths"], region, small)
+    # Fewer heads where the pair would pass the score budget; the length relation is the corner's point.
+    while hkv * group * lq * lk > COVERING_SCORE_BUDGET and group > 1:
+        group //= 2
+    while hkv * group * lq * lk > COVERING_SCORE_BUDGET and hkv > 1:
+        hkv -= 1
+    if small:
+        dims = list(range(1, 7))
+    else:
+        from .strategies import KERNEL_HEAD_DIMS  # noqa: PLC0415 -- strategies imports this module
+
+        dims = region.head_dims.members(sorted(KERNEL_HEAD_DIMS)) or [region.head_dims.min]
+    dk = dims[-1] if corner["dk"] == "max" else dims[0]
+    dv = dk if corner.get("dv") != "other" or region.same_value_dim else (dims[0] if dk != dims[0] else dims[-1])
+    return {
+        "index": index, "kernel": not small, "B": 1, "Hkv": hkv, "group": group, "is_causal": corner["is_causal"],
+        "lengths": (lq, lk), "Dk": dk, "Dv": dv, "scale": corner["scale"], "mask": corner.get("mask", 0),
+        "magnitude": corner.get("magnitude", "unit"),
+    }
+
+
+def covering_hints(region: Region, small: bool) -> list[dict]:
+    """Every corner of CORNERS made concrete for ``region`` (``small``: it takes the small shapes)."""
+    return [hints_for(corner, i, region, small) for i, corner in enumerate(CORNERS)]

@@ -1,0 +1,198 @@
+"""How every property test runs: its covering set, its budget of examples, and a bounded failure.
+
+``property_test`` is the outermost decorator of each Hypothesis property (test_properties.py,
+test_variants.py, test_mha.py, test_gradients.py, test_dropout.py). For one implementation,
+device and dtype it
+
+1. runs the property's deterministic **covering set** (conformance/covering.py): its corners made
+   concrete inside the implementation's declared region, each run once; a corner that fails
+   fails the test at once, with no shrinking;
+2. then draws **random examples** with Hypothesis, as many as the budget below leaves;
+3. keeps a failing test **bounded in time**: once an example failed, Hypothesis may shrink it for
+   SHRINK_BUDGET_S seconds; past that the smallest failing example found so far is the verdict;
+4. keeps **counts honest**: the examples Hypothesis runs while shrinking are not cases; of a
+   failing test only the cases judged before its first failure and its final (smallest) failing
+   example stay in the session's records.
+
+The budget (README, "Speed"): an implementation that takes the small shapes and calls cheaply
+runs the profile's max_examples per property, corners first, at least MIN_RANDOM_EXAMPLES of them
+random. An implementation whose region is narrow (kernel-shaped cases only) or whose calls compile
+(ARRAY="jax", COMPILED=True) runs at least FLOOR_PER_PROPERTY judged examples per property, the
+covering set first: with about 25 sdpa properties that is the floor of 300 judged sdpa cases a
+default run gives every implementation. Compiling implementations draw a tenth of the profile's
+random examples, as before (each new shape compiles).
+"""
+from __future__ import annotations
+
+import functools
+import re
+import time
+
+import pytest
+from hypothesis import settings
+from hypothesis.errors import HypothesisException, Unsatisfiable
+
+from attention_conformance.implementations._region import EVERYTHING
+
+from . import checks, covering
+from .report import ConformanceFailure
+from .strategies import _small_shapes_inside, drawing_inside
+
+JIT_EXAMPLE_DIVISOR = 10  # see README, "Speed": XLA compiles once per distinct input signature
+MIN_JIT_EXAMPLES = 1
+MIN_RANDOM_EXAMPLES = 2  # random draws a cheap, broad implementation keeps beside its corners
+FLOOR_PER_PROPERTY = 12  # judged examples per property for a narrow or compiling implementation
+SHRINK_BUDGET_S = 15.0  # how long Hypothesis may shrink a failing example (the per-test limit is 120 s)
+
+
+class ShrinkingStopped(BaseException):
+    """The verdict of a failing property once shrinking has run out of time.
+
+    A BaseException, like checks.HungEarlier: Hypothesis lets it through at once instead of
+    shrinking further, and pytest reports the test failed with this message (the smallest
+    failing example found so far, with its repro).
+    """
+
+    def __init__(self, failure: BaseException, seconds: float):
+        self.clause = getattr(failure, "clause", None)
+        self.record = getattr(failure, "record", None)
+        super().__init__(f"{failure}\n\n(Hypothesis shrank this failure for {seconds:.0f} s, the limit "
+                         f"SHRINK_BUDGET_S of conformance/properties.py: the case above is the smallest failing "
+                         f"one found by then)")
+
+
+def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None):
+    """Outermost decorator of every property (the module docstring says what it runs).
+
+    A property whose every case was unsupported is skipped, not failed. ``requires(impl)`` may
+    return why the property does not apply to an implementation: it becomes the test's
+    ``applies_to`` marker, decided at collection (conformance/plugin.py).
+    """
+    if test is None:
+        return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires)
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        impl = kwargs.get("impl")
+        region = impl.region if impl is not None else EVERYTHING
+        # Hypothesis keeps the profile chosen at decoration on the test; a budget of its own for this call only.
+        base = test._hypothesis_internal_use_settings
+        checks.reset_support_counts()
+        try:
+            with drawing_inside(region):
+                judged = run_covering_set(test, region, args, kwargs)
+                examples = random_examples(impl, region, base.max_examples, judged, min_jit_examples)
+                test._hypothesis_internal_use_settings = settings(base, max_examples=examples)
+                with bounded_failure(test):
+                    return test(*args, **kwargs)
+        except Unsatisfiable:
+            pytest.skip(f"unsupported: every generated case was unsupported ({checks.LAST_UNSUPPORTED[0]})")
+        finally:
+            test._hypothesis_internal_use_settings = base
+
+    return pytest.mark.applies_to.with_args(requires)(run) if requires else run  # with_args: the argument is a callable
+
+
+def random_examples(impl, region, profile_examples: int, judged: int, min_jit_examples: int) -> int:
+    """How many random examples Hypothesis draws after ``judged`` covering cases (module docstring)."""
+    compiled = impl is not None and impl.compiled
+    if compiled:
+        random = max(min_jit_examples, profile_examples // JIT_EXAMPLE_DIVISOR)
+    else:
+        random = max(MIN_RANDOM_EXAMPLES, profile_examples - judged)
+    if compiled or not _small_shapes_inside(region):
+        random = max(random, FLOOR_PER_PROPERTY - judged)
+    return max(1, random)
+
+
+# ------------------------------------------------------------------ the covering set
+_SEED_WORDS = re.compile(r"\bseed=\d+")
+
+
+def _same_structure(value) -> str:
+    """What two corners that built the same case share: the label without its values seed."""
+    label = getattr(value, "label", None)
+    return _SEED_WORDS.sub("", label) if label is not None else repr(value)
+
+
+def run_covering_set(test, region, args, kwargs) -> int:
+    """Run the property on each corner of its covering set; returns how many were judged (not skipped).
+
+    A failing corner raises its verdict at once. A corner the implementation does not support,
+    or a declared deviation, is passed over as it would be in a random draw.
+    """
+    given = test.hypothesis._given_kwargs
+    inner = test.hypothesis.inner_test
+    seen, judged = set(), 0
+    for hints in covering.covering_hints(region, _small_shapes_inside(region)):
+        draw = covering.DeterministicDraw(hints["index"])
+        try:
+            with covering.building(hints):
+                drawn = {name: draw(strategy, name) for name, strategy in given.items()}
+        except (pytest.skip.Exception, covering.CannotBuild):  # no case of this corner inside the region
+            continue
+        key = tuple(sorted((name, _same_structure(value)) for name, value in drawn.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            inner(*args, **kwargs, **drawn)
+        except (pytest.skip.Exception, pytest.xfail.Exception):
+            continue  # unsupported here, or a declared deviation (recorded as such)
+        judged += 1
+    return judged
+
+
+# ------------------------------------------------------------------ a failure bounded in time
+class bounded_failure:
+    """While active, the test's examples are timed: shrinking stops SHRINK_BUDGET_S after the first failure,
+    and on a failure the records of the shrink attempts are dropped (module docstring, 3 and 4)."""
+
+    def __init__(self, test):
+        self.test = test
+        self.inner = test.hypothesis.inner_test
+        self.first_failure: float | None = None
+        self.records_before_failure = 0
+
+    def __enter__(self):
+        inner = self.inner
+
+        @functools.wraps(inner)
+        def timed(*args, **kwargs):
+            __tracebackhide__ = True
+            before = len(checks.RECORDS)
+            try:
+                return inner(*args, **kwargs)
+            except HypothesisException:
+                raise  # a rejected example (unsupported, a declared deviation), not a failure
+            except Exception as failure:
+                now = time.monotonic()
+                if self.first_failure is None:
+                    self.first_failure, self.records_before_failure = now, before
+                elif now - self.first_failure > SHRINK_BUDGET_S:
+                    raise ShrinkingStopped(failure, now - self.first_failure) from failure
+                raise
+
+        self.test.hypothesis.inner_test = timed
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        self.test.hypothesis.inner_test = self.inner
+        if error is not None and self.first_failure is not None:
+            _keep_final_failures(self.records_before_failure)
+        return False
+
+
+def _keep_final_failures(start: int) -> None:
+    """Of the records from ``start`` on (the first failing example, shrink attempts, the final replay), keep the
+    last failed record of each clause: the smallest failing example Hypothesis reports."""
+    tail = checks.RECORDS[start:]
+    final = {}
+    for record in tail:
+        if record.status == "failed":
+            final[record.clause] = record
+    del checks.RECORDS[start:]
+    checks.RECORDS.extend(final.values())
+
+
+__all__ = ["property_test", "ShrinkingStopped", "ConformanceFailure"]
