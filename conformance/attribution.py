@@ -1,0 +1,162 @@
+"""Attribution: which clause a fault breaks, found by re-running the case without a feature.
+
+A case drawn for one clause carries other features (is_causal, a mask, the default scale, grouped kv
+heads, variant keywords). When its values are off, each feature the test is not about is taken out in
+turn, the math of the rest kept; if the case then passes, the fault is that feature's, and the failure
+is filed under its clause, not the test's. So a causal off-by-one met by a test of large inputs is
+reported as causal.top-left, where its repro is read. When the case also passes without the feature it
+was drawn for (its own probe), the fault stays with the test's clause.
+
+``Attribution`` is the part of the Judge (judging.py) that makes these probes. A probe records nothing
+and never skips: it only answers "does the implementation pass this case?".
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from attention_conformance.implementations._arrays import dtype_name
+
+from . import oracle
+from .cases import Case
+from .containment import _copies, _flat, _is_array, call_with_limit
+from .expected import expected_output
+
+# The variant keywords each variant clause is about: its own probe takes them out (a case that then
+# passes keeps the failure with the clause, whatever else the case carries).
+VARIANT_CLAUSE_KEYWORDS = {
+    "sdpa.window": ("window",), "sdpa.softcap": ("softcap",), "sdpa.alibi": ("alibi_slopes",),
+    "sdpa.query-offset": ("query_offset",), "sdpa.varlen": ("key_lengths", "query_lengths"),
+    "sdpa.variant-order": ("softcap", "alibi_slopes", "window", "key_lengths", "query_offset"),
+}
+
+
+def _size(inputs: dict) -> int:
+    return sum(int(np.size(array)) for _, array in _flat(inputs) if isinstance(array, np.ndarray))
+
+
+class Attribution:
+    """Probes that re-run a failing case with one feature changed, to blame the clause at fault.
+
+    A mixin of the Judge (judging.py), which supplies ``impl``, ``dtype``, ``device``, ``call_limit``,
+    ``policy``, ``allowed`` and ``_unjudged``.
+    """
+
+    # Cases larger than this are not re-run: each probe costs a call and an oracle evaluation.
+    DIAGNOSIS_MAX_ELEMENTS = 1 << 20
+
+    def _variants(self, case: Case):
+        """(clause at fault, how the case was changed, changed case), most telling first.
+
+        First the changes that keep the math (the default scale passed explicitly, grouped kv
+        heads repeated, the mask broadcast beforehand): a case that then passes convicts the
+        implicit path, whatever else the case was drawn for (not the test's own clause, which
+        keeps the failure anyway). Then features taken out (is_causal, the mask, Dv != Dk), each
+        only if the case was not drawn for it.
+        """
+        about, own = set(case.clauses), case.clauses[0]
+        inputs = case.inputs
+
+        def derived(words, **changes):
+            return Case(case.op, {**inputs, **changes}, case.clauses, f"{case.label} [{words}]", case.mask_kind,
+                        case.notes)
+
+        mask = inputs.get("mask")
+        if case.op == "sdpa":
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+            if inputs.get("scale") is None and own != "sdpa.scale-default":
+                yield ("sdpa.scale-default", "with scale=1/sqrt(Dk) passed explicitly",
+                       derived("explicit default scale", scale=float(q.shape[-1]) ** -0.5))
+            if q.shape[1] != k.shape[1] and own != "sdpa.gqa-mapping":
+                group = q.shape[1] // k.shape[1]
+                yield ("sdpa.gqa-mapping", "with the kv heads repeated to Hq beforehand",
+                       derived("kv heads repeated", k=np.repeat(k, group, axis=1), v=np.repeat(v, group, axis=1)))
+            target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+            if mask is not None and mask.shape != target and own != "mask.broadcast":
+                yield ("mask.broadcast", "with the mask broadcast to (B, Hq, Lq, Lk) beforehand",
+                       derived("mask broadcast", mask=np.broadcast_to(mask, target).copy()))
+        # With a query_offset the causal band is that clause's (sdpa.query-offset), not the top-left one's.
+        causal_clause = "sdpa.query-offset" if inputs.get("query_offset") else "causal.top-left"
+        if inputs.get("is_causal") and not any(c.startswith("causal.") for c in about) and causal_clause not in about:
+            yield causal_clause, "without is_causal", derived("without is_causal", is_causal=False)
+        if mask is not None and not any(c.startswith("mask.") or c.startswith("causal.") for c in about):
+            own_mask = "mask.bool-true-attends" if mask.dtype == np.bool_ else "mask.float-additive"
+            yield own_mask, "without the mask", derived("without the mask", mask=None)
+        if case.op == "sdpa":
+            q, v = inputs["q"], inputs["v"]
+            if v.shape[-1] != q.shape[-1] and not about & {"sdpa.value-dim", "sdpa.output-shape"}:
+                dk = q.shape[-1]
+                same = np.concatenate([v] * -(-dk // v.shape[-1]), axis=-1)[..., :dk]
+                yield "sdpa.value-dim", "with Dv = Dk", derived("Dv = Dk", v=same)
+
+    def _passes(self, case: Case) -> bool:
+        """Whether the implementation passes ``case`` (values within the tolerance); False when it cannot tell.
+
+        Records nothing and never skips: a probe for the attribution only.
+        """
+        inputs = case.rounded(self.dtype)
+        if self.impl.unsupported_reason(case.op, inputs, self.dtype, self.device):
+            return False
+        try:
+            got = call_with_limit(self.impl, case.label, self.impl.call, case.op, _copies(case.arrays(inputs)),
+                                  case.options(), self.device, limit=self.call_limit())
+            policy = self.policy(case, inputs)
+            want = expected_output(case, inputs, policy)
+            if not _is_array(got) or got.shape != want.shape or dtype_name(got.dtype) != self.dtype:
+                return False
+            allowed = np.broadcast_to(self.allowed(case, inputs, policy), want.shape)
+        except Exception:  # noqa: BLE001 -- raised or hung: no evidence either way
+            return False
+        got = np.asarray(got, dtype=np.float64)
+        want_nan = self._unjudged(case, inputs, want)  # the "nan" policy's rows and padding rows: anything goes
+        with np.errstate(invalid="ignore"):
+            ok = want_nan | (np.isfinite(got) & (np.abs(got - np.where(want_nan, 0.0, want)) <= allowed))
+        return bool(np.all(ok))
+
+    def surfaced_fault(self, case: Case, inputs: dict) -> tuple[str, str] | None:
+        """(clause, how) when the case passes with one feature the test is not about taken out."""
+        if case.op == "softmax" or _size(inputs) > self.DIAGNOSIS_MAX_ELEMENTS or getattr(self.impl, "hung_on", None):
+            return None
+        own = self._own_probe(case)
+        if own is not None and self._passes(own):
+            return None  # the feature the case was drawn for is at fault: the failure stays with it
+        for clause, how, variant in self._variants(case):
+            if self._passes(variant):
+                return clause, how
+        return None
+
+    @staticmethod
+    def _own_probe(case: Case) -> Case | None:
+        """The case without the feature of the clause it was drawn for (None: no such feature)."""
+        own, inputs = case.clauses[0], case.inputs
+        mask = inputs.get("mask")
+        changes = None
+        if own.startswith("causal.") and inputs.get("is_causal"):
+            changes = {"is_causal": False}
+        elif own.startswith("mask.") and mask is not None:
+            changes = {"mask": None}
+        elif case.op == "sdpa":
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+            if own == "sdpa.scale-default" and inputs.get("scale") is None:
+                changes = {"scale": float(q.shape[-1]) ** -0.5}
+            elif own == "sdpa.gqa-mapping" and q.shape[1] != k.shape[1]:
+                group = q.shape[1] // k.shape[1]
+                changes = {"k": np.repeat(k, group, axis=1), "v": np.repeat(v, group, axis=1)}
+            elif own == "sdpa.value-dim" and v.shape[-1] != q.shape[-1]:
+                dk = q.shape[-1]
+                changes = {"v": np.concatenate([v] * -(-dk // v.shape[-1]), axis=-1)[..., :dk]}
+        if changes is None and own in VARIANT_CLAUSE_KEYWORDS:
+            names = [n for n in VARIANT_CLAUSE_KEYWORDS[own] if n in inputs]
+            if names:
+                changes = {n: oracle.VARIANT_DEFAULTS[n] for n in names}
+        if changes is None:
+            return None
+        return Case(case.op, {**inputs, **changes}, case.clauses, f"{case.label} [own probe]", case.mask_kind,
+                    case.notes)
+
+    def fault_behind(self, clause: str, case: Case, inputs: dict) -> tuple[str, str] | None:
+        """For a property's own check of ``clause`` that failed (a metamorphic relation, say): (clause at fault,
+        how) when the case's values are off and pass with a feature the test is not about taken out."""
+        if case.op == "softmax" or self._passes(case):
+            return None  # the values are right: the relation the property checks is what broke
+        surfaced = self.surfaced_fault(case, inputs)
+        return surfaced if surfaced and surfaced[0] != clause else None

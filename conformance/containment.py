@@ -1,0 +1,358 @@
+"""Containment: one call of an implementation, kept from harming the session or the verdict.
+
+Whatever an implementation does on one case stays with that case: an exception, a hang (a call
+past the call time limit), a write to its inputs, a result that is not an array or has the wrong
+shape or dtype each fails that case alone, naming the clause it breaks, and the session goes on.
+The implementation gets copies of the inputs, so the oracle and every later check read the values
+it was given even if it wrote to them. A case the implementation cannot run (outside its region,
+a keyword it lacks, NotImplementedError) is unsupported: skipped or rejected, never failed.
+
+``Containment`` is the part of the Judge (judging.py) that calls the implementation; it leaves the
+wording and recording of a verdict (``fail``, ``record``), the oracle (``_expected_shape``) and the
+attribution of a raised exception (``surfaced_fault``, attribution.py) to the rest of the Judge.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+from attention_conformance.implementations import Implementation
+from attention_conformance.implementations._arrays import ARRAY_KINDS, dtype_name
+
+from .cases import Case
+
+# ------------------------------------------------------------ the call time limit
+# Every call of an implementation (Judge.run, gradients, dropout) runs in a daemon
+# thread joined with this limit. A call past it fails its case as a hang, and the
+# Implementation object is marked hung (``hung_on``): in this process its later
+# calls fail at once, so Hypothesis's shrinking never waits on the hang again.
+# Python cannot kill a thread; the hung one is left running in the background
+# (a daemon: it does not keep the process alive). Each xdist worker learns of the
+# hang on its own, once.
+CALL_TIMEOUT_VARIABLE = "ATTENTION_CONFORMANCE_CALL_TIMEOUT"  # set by --call-timeout SECONDS
+DEFAULT_CALL_TIMEOUT_S = 30.0
+COMPILED_CALL_ALLOWANCE = 4  # implementations that compile per input signature (ARRAY="jax", COMPILED=True)
+RESULT_CLAUSE = "contract.result-type"  # a call returns an array (and returns at all)
+INPUTS_CLAUSE = "contract.inputs-unchanged"  # a call leaves its inputs as it got them
+
+
+def call_timeout_s() -> float | None:
+    """The call time limit in seconds ($ATTENTION_CONFORMANCE_CALL_TIMEOUT, default 30); None: no limit (0 or off)."""
+    raw = os.environ.get(CALL_TIMEOUT_VARIABLE, "").strip().lower()
+    if not raw:
+        return DEFAULT_CALL_TIMEOUT_S
+    if raw in ("0", "off", "none"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"${CALL_TIMEOUT_VARIABLE}={raw!r}: seconds (a number), 0 or 'off' expected") from None
+    return value if value > 0 else None
+
+
+class ImplementationHung(Exception):
+    """A call did not return within the call time limit (now, or on an earlier case: ``label``)."""
+
+    def __init__(self, message: str, label: str, earlier: bool = False):
+        self.label, self.earlier = label, earlier
+        super().__init__(message)
+
+
+class HungEarlier(BaseException):
+    """The verdict on a case of an implementation that hung earlier, raised inside Hypothesis.
+
+    Not an Exception: Hypothesis takes an Exception for a failure and re-runs hundreds of
+    examples to shrink and explain it (about 15 s a property on the CI machine, every
+    one of them failing at once here); a BaseException it lets through at once, and
+    pytest still reports the test failed with this message.
+    """
+
+    def __init__(self, clause: str, message: str, record=None):
+        self.clause, self.record = clause, record
+        super().__init__(message)
+
+
+_USE_THE_VARIABLE = object()
+
+
+def call_with_limit(impl: Implementation, label: str, fn, *args, limit=_USE_THE_VARIABLE, **kwargs):
+    """``fn(*args, **kwargs)`` (a call of ``impl``) under the call time limit, for case ``label``.
+
+    Returns its result or re-raises its exception. Raises ImplementationHung if the
+    call is still running after ``limit`` seconds (default: call_timeout_s()), or at
+    once, without calling, if ``impl`` hung earlier in this process.
+    """
+    earlier = getattr(impl, "hung_on", None)
+    if earlier is None:
+        limit = call_timeout_s() if limit is _USE_THE_VARIABLE else limit
+        if limit is not None and impl.compiled:
+            # A first call per input signature compiles (inductor on a GPU machine busy with 16 workers took
+            # over 30 s for torch_flex); a compiling implementation gets COMPILED_CALL_ALLOWANCE times the limit.
+            limit *= COMPILED_CALL_ALLOWANCE
+        if limit is None:
+            return fn(*args, **kwargs)
+        outcome = _call_in_thread(impl, label, limit, fn, args, kwargs)
+        if "error" in outcome:
+            raise outcome["error"]
+        if "result" in outcome:
+            return outcome["result"]
+        message = (f"the call hung: no result within {limit:g} s (timed out; the limit is --call-timeout / "
+                   f"${CALL_TIMEOUT_VARIABLE}, default {DEFAULT_CALL_TIMEOUT_S:g} s). {impl.name} is marked hung: its "
+                   "later cases in this process fail at once")
+    else:
+        message = (f"{impl.name} hung earlier on case {earlier[0]} (no result within {earlier[1]:g} s, timed out): "
+                   "not called again in this process, every later case fails at once")
+    # One raise for both: Hypothesis then sees one failure (not two bugs) when it re-runs the example.
+    raise ImplementationHung(message, impl.hung_on[0], earlier is not None)
+
+
+def _call_in_thread(impl, label: str, limit: float, fn, args, kwargs) -> dict:
+    """{"result": ...} or {"error": exc}; empty if the call was still running after ``limit`` (then ``impl`` is
+    marked hung)."""
+    outcome: dict = {}
+    context = contextvars.copy_context()  # np.errstate and other context variables reach the call
+
+    def target():
+        try:
+            outcome["result"] = context.run(fn, *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"attention-conformance call of {impl.name}", daemon=True)
+    started = time.monotonic()
+    thread.start()
+    try:
+        thread.join(limit)
+    except BaseException:  # pytest-timeout or Ctrl-C interrupted the wait: the call may still be running
+        if thread.is_alive():
+            impl.hung_on = (label, time.monotonic() - started)
+        raise
+    if thread.is_alive():
+        impl.hung_on = (label, limit)
+        return {}
+    return outcome
+
+
+# ------------------------------------------------------------ the inputs and the result
+# The implementation gets copies (``_copies``); after the call each copy, and the framework array
+# made of it, is compared with the original (``_difference``), so a write to an input is seen even
+# when the framework shares memory with the copy it was handed.
+def _copies(value):
+    """The implementation's own copies of the inputs (dicts of arrays copied too)."""
+    if isinstance(value, dict):
+        return {key: _copies(item) for key, item in value.items()}
+    return value.copy() if isinstance(value, np.ndarray) else value
+
+
+def _flat(value, prefix: str = ""):
+    """(name, array) pairs: "q", "mask", "params.w_q", ..."""
+    for key, item in value.items():
+        name = f"{prefix}{key}"
+        if isinstance(item, dict):
+            yield from _flat(item, f"{name}.")
+        elif item is not None:
+            yield name, item
+
+
+def _lookup(value: dict, name: str):
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _difference(original: np.ndarray, now) -> str | None:
+    """How ``now`` differs from ``original`` (None: not at all)."""
+    now = np.asarray(now)
+    if now.shape != original.shape:
+        return f"its shape changed from {original.shape} to {now.shape}"
+    if now.dtype != original.dtype and dtype_name(now.dtype) != dtype_name(original.dtype):
+        return f"its dtype changed from {dtype_name(original.dtype)} to {dtype_name(now.dtype)}"
+    if original.dtype == np.bool_ or now.dtype == np.bool_:
+        changed = original != now
+    else:
+        a, b = original.astype(np.float64), now.astype(np.float64)
+        changed = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+    if not changed.any():
+        return None
+    index = tuple(int(i) for i in np.argwhere(changed)[0])
+
+    def show(value):
+        return str(bool(value)) if isinstance(value, (bool, np.bool_)) else f"{float(value):.9g}"
+
+    return (f"{int(changed.sum())} of {changed.size} element(s) changed in place "
+            f"(index {index}: was {show(original[index])}, now {show(now[index])})")
+
+
+def _is_array(value) -> bool:
+    """An array of some framework (NumPy, torch, JAX): has a shape and a dtype, and is not a NumPy scalar."""
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, np.generic)
+
+
+def _type_words(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, np.generic):
+        return f"a NumPy scalar ({type(value).__name__})"
+    return type(value).__name__
+
+
+# ------------------------------------------------------------ cases the implementation cannot run
+# The latest reason a case was not judged (unsupported, or a declared deviation: judging.py), for the
+# skip message of a property test whose every case was.
+LAST_UNSUPPORTED = [""]
+
+# Hypothesis gives up on a test only after about 460 rejected examples; an
+# implementation that cannot run any case of a property (a module that only does
+# self-attention, say) would pay for all of them. After this many unsupported
+# examples with none supported, the property is skipped as unsupported. Strategies
+# draw the common layouts (Dv == Dk, head width E / H) half the time, so a
+# partially supporting implementation reaches it with probability below 1e-7.
+UNSUPPORTED_BEFORE_SKIP = 20
+SUPPORT_COUNTS = {"supported": 0, "unsupported": 0}  # of the running property test
+
+
+def reset_support_counts() -> None:
+    SUPPORT_COUNTS.update(supported=0, unsupported=0)
+
+
+def unsupported(reason: str):
+    """Report a case as unsupported: inside Hypothesis the example is rejected (the test goes on
+    with others), elsewhere the test is skipped. Never a failure."""
+    LAST_UNSUPPORTED[0] = reason
+    from hypothesis import reject
+    from hypothesis.control import currently_in_test_context
+
+    if currently_in_test_context():
+        SUPPORT_COUNTS["unsupported"] += 1
+        if SUPPORT_COUNTS["supported"] == 0 and SUPPORT_COUNTS["unsupported"] >= UNSUPPORTED_BEFORE_SKIP:
+            pytest.skip(f"unsupported: the first {UNSUPPORTED_BEFORE_SKIP} generated cases all were ({reason})")
+        reject()
+    pytest.skip(f"unsupported: {reason}")
+
+
+class Containment:
+    """Calls of the implementation for one case: under the call time limit, on copies of the inputs,
+    with the result checked against the contract (an array of the expected shape and dtype).
+
+    A mixin of the Judge (judging.py), which supplies ``impl``, ``dtype``, ``device``, the verdicts
+    (``fail``, ``record``), the expected shape (``_expected_shape``) and ``surfaced_fault``.
+    """
+
+    def require_support(self, case: Case, inputs: dict, op: str | None = None) -> None:
+        """Report the case unsupported (never failed) if the implementation cannot run it."""
+        reason = self.impl.unsupported_reason(op or case.op, inputs, self.dtype, self.device)
+        if reason:
+            self.record(case, case.clauses[0], "unsupported", message=reason)
+            unsupported(reason)
+
+    def not_implemented(self, case: Case, exc: NotImplementedError) -> None:
+        """The implementation raised NotImplementedError for this case: unsupported, not failed."""
+        self.record(case, case.clauses[0], "unsupported", message=str(exc))
+        unsupported(f"{self.impl.name} raised NotImplementedError: {exc}")
+
+    def limited(self, case: Case, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, a call of the implementation, under the call time limit (call_with_limit).
+
+        Raises ImplementationHung on a hang: catch it and call ``hung`` (outside the try
+        body, so that the verdict is not taken for the implementation's own exception).
+        """
+        return call_with_limit(self.impl, case.label, fn, *args, limit=self.call_limit(), **kwargs)
+
+    # Seconds a call may take; None: $ATTENTION_CONFORMANCE_CALL_TIMEOUT (--call-timeout, default 30 s).
+    # A judge of slow cases (the large shapes) may set its own.
+    call_timeout: float | None = None
+
+    def call_limit(self) -> float | None:
+        return self.call_timeout if self.call_timeout is not None else call_timeout_s()
+
+    def hung(self, case: Case, inputs: dict, exc: ImplementationHung):
+        """Fail the case as a hang (contract.result-type: the call returned nothing).
+
+        Inside Hypothesis, once the implementation hung earlier, the verdict is a HungEarlier
+        (not a failure Hypothesis would shrink and explain, re-running the test hundreds of times).
+        """
+        __tracebackhide__ = True
+        from hypothesis.control import currently_in_test_context
+
+        self.fail(RESULT_CLAUSE, case, inputs, str(exc), stop=exc.earlier and currently_in_test_context())
+
+    def run(self, case: Case, inputs: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Call the implementation on the case's inputs rounded to the dtype. Skips if unsupported.
+
+        The implementation gets copies of the inputs (the oracle keeps the originals); a
+        changed input fails the case (contract.inputs-unchanged), as does a hang or a
+        result that is not an array (contract.result-type).
+        """
+        inputs = case.rounded(self.dtype) if inputs is None else inputs
+        self.require_support(case, inputs)
+        __tracebackhide__ = True
+        originals = case.arrays(inputs)
+        given = _copies(originals)
+        passed: dict = {}
+        raised = None
+        try:
+            got = self.limited(case, self.impl.call_raw, case.op, given, case.options(), self.device, passed)
+        except ImplementationHung as exc:
+            self.hung(case, inputs, exc)
+        except NotImplementedError as exc:
+            self.not_implemented(case, exc)
+        except Exception as exc:  # contained: this case fails, the session goes on
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            raised = f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
+        SUPPORT_COUNTS["supported"] += 1
+        if raised:
+            clause, blame = case.clauses[0], ""
+            surfaced = self.surfaced_fault(case, inputs)
+            if surfaced:
+                clause = surfaced[0]
+                blame = f"; the same case runs and passes {surfaced[1]}: the fault is {clause}'s"
+            self.fail(clause, case, inputs, f"the implementation raised {raised}{blame}",
+                      drawn_for=case.clauses[0], attribute=False)
+        self._check_inputs_unchanged(case, inputs, originals, given, passed)
+        return self._check_contract(case, inputs, got), inputs
+
+    def _check_inputs_unchanged(self, case: Case, inputs: dict, originals: dict, given: dict, passed: dict) -> None:
+        """The copies the implementation got (and the framework arrays made of them) still equal the originals."""
+        __tracebackhide__ = True
+        kind = ARRAY_KINDS[self.impl.array]
+        for name, original in _flat(originals):
+            if not isinstance(original, np.ndarray):
+                continue
+            mine = _lookup(given, name)
+            problem = _difference(original, mine)
+            native = _lookup(passed, name)
+            if problem is None and native is not None and native is not mine:
+                try:
+                    problem = _difference(original, kind.to_numpy(native))
+                except Exception:  # noqa: BLE001 -- a framework array we cannot read back: nothing to compare
+                    problem = None
+            if problem:
+                self.fail(INPUTS_CLAUSE, case, inputs,
+                          f"mutated input {name}: {problem}. The judge kept its own copy, so this case's other "
+                          "verdicts would use the original values; an implementation must not write to its inputs")
+
+    def _check_contract(self, case: Case, inputs: dict, got) -> np.ndarray:
+        """The result as the implementation returned it (or already converted): an array of the right shape and dtype."""
+        __tracebackhide__ = True
+        want_shape = self._expected_shape(case, inputs)
+        if not _is_array(got):
+            self.fail(RESULT_CLAUSE, case, inputs,
+                      f"returned {_type_words(got)}, expected an array of shape {want_shape} "
+                      f"({'a NumPy array' if self.impl.array == 'numpy' else f'ARRAY={self.impl.array!r}'})")
+        if not isinstance(got, np.ndarray):
+            got = ARRAY_KINDS[self.impl.array].to_numpy(got)
+        if got.shape != want_shape:
+            clause = "mha.shapes" if case.op == "multi_head_attention" else "sdpa.output-shape"
+            self.fail(clause, case, inputs, f"output shape {got.shape}, expected {want_shape}", attribute=False)
+        if dtype_name(got.dtype) != self.dtype:
+            self.fail(
+                "sdpa.output-dtype", case, inputs,
+                f"output dtype {dtype_name(got.dtype)}, expected {self.dtype} (the input dtype)",
+            )
+        return got.astype(np.float64)

@@ -1,0 +1,324 @@
+"""Judging: the verdict on one case, its wording and its record.
+
+``Judge.judge`` compares an output with the float64 oracle under the tolerance model
+(spec/tolerances.yaml), checks fully masked rows against the declared FULLY_MASKED_ROWS policy, and
+explains the worst element; ``Judge.fail`` words a failure (clause, case, worst element, repro),
+turns it into a declared deviation where KNOWN_DEVIATIONS covers it, and records every verdict in
+RECORDS for the summary and the report.
+
+The Judge is one object per implementation, dtype and device. Its other two jobs have modules of
+their own, mixed in here: calling the implementation safely (containment.py) and blaming the clause
+at fault when a case fails because of a feature the test is not about (attribution.py). What the
+case should give comes from expected.py.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from attention_conformance.implementations import Implementation
+from attention_conformance.implementations._region import shape_facts
+
+from . import oracle
+from .attribution import Attribution
+from .cases import Case, widen
+from .containment import LAST_UNSUPPORTED, Containment, HungEarlier
+from .expected import allowed_error, expected_output
+from .report import CaseRecord, ConformanceFailure, failure_message, repro
+
+RECORDS: list[CaseRecord] = []  # every judged case of the session, for the report
+MAX_REPRO_ELEMENTS = 4096  # a case with more input elements gets a rerun hint instead of a printed repro
+
+
+def breaks_order(records) -> dict[str, list[str]]:
+    """Per implementation, the clauses its failed cases break, the one that failed on the smallest case first.
+
+    Each failed record is filed under the clause at fault (Judge.judge blames a feature the
+    test is not about when the case passes without it), so the first clause listed is the
+    fault shown by the smallest input; ties go to the clause with more failed cases.
+    """
+    smallest: dict[str, dict[str, tuple[int, int]]] = {}
+    for rec in records:
+        if rec.status != "failed":
+            continue
+        size = sum(int(np.prod(shape)) for shape in (rec.shapes or {}).values())
+        best, count = smallest.setdefault(rec.implementation, {}).get(rec.clause, (size, 0))
+        smallest[rec.implementation][rec.clause] = (min(best, size), count + 1)
+    return {name: sorted(found, key=lambda c: (found[c][0], -found[c][1], c)) for name, found in smallest.items()}
+
+
+def declared_deviation(reason: str):
+    """A failure the implementation declared (KNOWN_DEVIATIONS): xfail, or inside Hypothesis, drop the example."""
+    LAST_UNSUPPORTED[0] = f"declared deviation: {reason}"
+    from hypothesis import reject
+    from hypothesis.control import currently_in_test_context
+
+    if currently_in_test_context():
+        reject()
+    pytest.xfail(f"declared deviation: {reason}")
+
+
+# Clauses with a check of their own in the Judge (shape, dtype, non-finite output, exact zeros,
+# fully masked rows). An error beyond the tolerance elsewhere is not theirs, even when a case lists
+# one first: a fixture printed for its shape that is off in its values breaks the definition.
+OWN_CHECK_CLAUSES = frozenset({"sdpa.output-shape", "sdpa.output-dtype", "sdpa.finite",
+                               "softmax.masked-exact-zero", "mask.fully-masked-row"})
+DEFINITION_CLAUSES = {"softmax": "softmax.definition", "sdpa": "sdpa.definition",
+                      "multi_head_attention": "mha.projections"}
+
+
+def accuracy_clause(case: Case) -> str:
+    """The clause an error beyond the tolerance breaks: the case's first that is about values."""
+    fallback = DEFINITION_CLAUSES.get(case.op, case.clauses[0])
+    return next((c for c in case.clauses if c not in OWN_CHECK_CLAUSES), fallback)
+
+
+class Judge(Containment, Attribution):
+    """Judges cases of one implementation on one device and dtype; knows how to word a verdict."""
+
+    def __init__(self, impl: Implementation, dtype: str, device: str, test_name: str = ""):
+        # pytest names the running test in PYTEST_CURRENT_TEST ("path::name[id] (call)").
+        test_name = test_name or os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        self.impl, self.dtype, self.device, self.test_name = impl, dtype, device, test_name
+        # float32 matmuls declared to run in TF32 on this device: the tolerance allows TF32 input rounding.
+        self.tf32 = dtype == "float32" and impl.tf32_on(device)
+        self._last_expected: tuple | None = None  # (inputs, policy, oracle output) of the latest case
+
+    # ------------------------------------------------------------- plumbing
+    def _snippet(self, case: Case, inputs: dict) -> str:
+        size = sum(np.size(v) for v in inputs.values() if isinstance(v, np.ndarray))
+        size += sum(np.size(x) for v in inputs.values() if isinstance(v, dict) for x in v.values())
+        if case.notes.get("fixture"):
+            return (
+                "from attention_conformance.conformance.test_fixtures import run_fixture_repro\n"
+                f"run_fixture_repro({self.impl.spec!r}, {case.notes['fixture']!r}, {self.dtype!r}, {self.device!r})"
+            )
+        if size > MAX_REPRO_ELEMENTS:
+            return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
+        return repro(self.impl.spec, case.op, inputs, self.dtype, self.device, self.impl.policy_for(inputs.get("mask")))
+
+    def facts(self, case: Case, inputs: dict) -> dict:
+        """What a declared deviation's ``when`` may look at."""
+        mask = inputs.get("mask")
+        a = widen(inputs)
+        facts = {
+            "op": case.op, "dtype": self.dtype, "device": self.device, "scale": inputs.get("scale"),
+            "is_causal": bool(inputs.get("is_causal", False)),
+            "mask_kind": "none" if mask is None else ("bool" if mask.dtype == np.bool_ else "float"),
+            "fully_masked": False,
+        }
+        facts.update({key: value for key, value in shape_facts(case.op, inputs).items() if key not in facts})
+        if case.op == "sdpa":
+            facts["fully_masked"] = bool(self._fully_masked_rows(case, inputs).any())
+            # The variant keywords the case uses (README "The contract"), for a deviation's ``when``.
+            facts["variants"] = tuple(sorted(oracle.variant_options(inputs)))
+        elif case.op == "multi_head_attention":
+            bias = oracle.attention_bias(a.get("mask"), facts["is_causal"], facts["Lq"], facts["Lk"])
+            facts["fully_masked"] = bool(np.isneginf(bias).all(axis=-1).any())
+        return facts
+
+    def allowed(self, case: Case, inputs: dict, policy: str = "zeros") -> np.ndarray:
+        """The allowed error of this case for this implementation, dtype and device (TF32 if declared)."""
+        return allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32)
+
+    # --------------------------------------------- what the oracle says
+    def policy(self, case: Case, inputs: dict) -> str:
+        """The declared fully-masked-row policy that applies to this case."""
+        return self.impl.policy_for(inputs.get("mask")) if case.op != "softmax" else "zeros"
+
+    def _expected(self, case: Case, inputs: dict, policy: str) -> np.ndarray:
+        """The oracle's output, computed once per case: the contract check and the verdict both need it."""
+        last = self._last_expected
+        if last is not None and last[0] is inputs and last[1] == policy:
+            return last[2]
+        want = expected_output(case, inputs, policy)
+        self._last_expected = (inputs, policy, want)
+        return want
+
+    # LargeShapeJudge (conformance/test_large_shapes.py) overrides these three with
+    # blocked versions that never build an (Lq, Lk) array; the verdicts stay here.
+    def _expected_shape(self, case: Case, inputs: dict) -> tuple[int, ...]:
+        return self._expected(case, inputs, self.policy(case, inputs)).shape
+
+    def _fully_masked_rows(self, case: Case, inputs: dict) -> np.ndarray:
+        """(B, Hq, Lq) boolean, sdpa only: the rows with no key to attend."""
+        a = widen(inputs)
+        return oracle.fully_masked_rows(a["q"], a["k"], a.get("mask"), bool(a.get("is_causal", False)),
+                                        **oracle.variant_options(a)) & self.judged_rows(case, inputs)
+
+    def judged_rows(self, case: Case, inputs: dict) -> np.ndarray:
+        """(B or 1, 1, Lq) boolean, sdpa: the rows a verdict looks at. Rows i >= query_lengths[b] are padding
+        (sdpa.varlen): their values are unspecified, NaN and inf included, and never judged."""
+        if case.op != "sdpa":
+            return np.ones((), dtype=bool)
+        return oracle.judged_rows(inputs["q"], inputs.get("query_lengths"))
+
+    def _unjudged(self, case: Case, inputs: dict, want: np.ndarray) -> np.ndarray:
+        """Output elements with nothing to check: the oracle has no value there (the 'nan' policy) or the row is padding."""
+        padded = ~np.broadcast_to(self.judged_rows(case, inputs)[..., None], want.shape) if case.op == "sdpa" else False
+        return np.isnan(want) | padded
+
+    def _oracle(self, case: Case, inputs: dict, policy: str) -> tuple[np.ndarray, np.ndarray]:
+        """(expected output, allowed error broadcast to it) under the fully-masked-rows policy."""
+        want = self._expected(case, inputs, policy)
+        return want, np.broadcast_to(self.allowed(case, inputs, policy), want.shape)
+
+    def fail(self, clause: str, case: Case, inputs: dict, problem: str, worst: str = "", record=None,
+             stop: bool = False, drawn_for: str | None = None, attribute: bool = True):
+        """Raise the verdict (ConformanceFailure; HungEarlier with ``stop``), unless it is a declared deviation.
+
+        ``attribute``: a property's own check (a metamorphic relation, say) that fails on a case whose
+        values are off only because of a feature the test is not about is filed under that feature's
+        clause (surfaced_fault). ``drawn_for``: the clause the case was drawn for, when the failure is
+        filed under another; a deviation declared for either covers it.
+        """
+        __tracebackhide__ = True
+        if attribute and not stop and record is None and clause not in OWN_CHECK_CLAUSES \
+                and not clause.startswith("contract."):
+            surfaced = self.fault_behind(clause, case, inputs)
+            if surfaced:
+                problem += (f"; the case's values are off and the same case passes {surfaced[1]}: the fault is "
+                            f"{surfaced[0]}'s, surfaced in a check of {clause}")
+                drawn_for, clause = clause, surfaced[0]
+        facts = None if stop else self.facts(case, inputs)
+        reason = None if stop else self.impl.declared_deviation(clause, facts)
+        if not reason and drawn_for and drawn_for != clause and not stop:
+            reason = self.impl.declared_deviation(drawn_for, facts)
+        if reason:
+            self.record(case, clause, "deviation", message=f"{problem} -- declared: {reason}")
+            declared_deviation(f"{clause}: {reason}")
+        message = failure_message(
+            clause=clause,
+            impl_name=self.impl.name,
+            case_label=case.label,
+            op=case.op,
+            dtype=self.dtype,
+            device=self.device,
+            shapes=case.shapes(),
+            mask_kind=case.mask_kind,
+            problem=problem,
+            worst=worst,
+            snippet=self._snippet(case, inputs),
+        )
+        if record is None:
+            record = self.record(case, clause, "failed")
+        else:
+            RECORDS.append(record)
+        record.status, record.message = "failed", message
+        if stop:
+            raise HungEarlier(clause, message, record)
+        raise ConformanceFailure(clause, message, record)
+
+    def new_record(self, case: Case, clause: str, status: str, **figures) -> CaseRecord:
+        """A record of this case, not yet kept (fail(record=...) keeps it with the verdict)."""
+        return CaseRecord(
+            test=self.test_name,
+            implementation=self.impl.name,
+            clause=clause,
+            case=case.label,
+            op=case.op,
+            dtype=self.dtype,
+            device=self.device,
+            status=status,
+            shapes={k: list(v) for k, v in case.shapes().items()},
+            **figures,
+        )
+
+    def record(self, case: Case, clause: str, status: str, **figures) -> CaseRecord:
+        rec = self.new_record(case, clause, status, **figures)
+        RECORDS.append(rec)
+        return rec
+
+    # ---------------------------------------------------------------- judge
+    def judge(self, case: Case, got: np.ndarray, inputs: dict, clause: str | None = None) -> CaseRecord:
+        """Compare with the oracle under the tolerance model and the declared fully-masked-row policy."""
+        __tracebackhide__ = True
+        # Passing cases count for the clause the case was drawn for; an error beyond the tolerance is
+        # filed under a clause about values (accuracy_clause) unless the caller names one.
+        explicit = clause
+        failing_clause = clause or accuracy_clause(case)
+        clause = clause or case.clauses[0]
+        policy = self.policy(case, inputs)
+        want, allowed = self._oracle(case, inputs, policy)
+        want_nan = self._unjudged(case, inputs, want)  # padding rows (query_lengths) are not judged either
+        empty = np.zeros((), dtype=bool)
+        if case.op == "sdpa":
+            empty = self._fully_masked_rows(case, inputs)
+            if empty.any():
+                self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
+        bad = ~np.isfinite(got) & ~want_nan
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            # On large-magnitude inputs a NaN or inf is the overflow the large-inputs clause forbids.
+            finite_clause = "softmax.large-inputs" if "softmax.large-inputs" in case.clauses else "sdpa.finite"
+            self.fail(
+                finite_clause, case, inputs,
+                f"{int(bad.sum())} non-finite output element(s) where the oracle is finite",
+                f"index {index}: got {got[index]}, oracle {want[index]:.9g}", attribute=False,
+            )
+        if case.op == "softmax":
+            x = widen(inputs)["x"]
+            leaked = np.isneginf(x) & (got != 0)
+            if leaked.any():
+                index = tuple(int(i) for i in np.argwhere(leaked)[0])
+                self.fail(
+                    "softmax.masked-exact-zero", case, inputs,
+                    f"{int(leaked.sum())} element(s) with input -inf are not exactly 0",
+                    f"index {index}: got {got[index]:.9g}",
+                )
+        error = np.where(want_nan, 0.0, np.abs(got - np.where(want_nan, 0.0, want)))
+        ratio = np.where(allowed > 0, error / np.where(allowed > 0, allowed, 1.0), np.where(error > 0, np.inf, 0.0))
+        worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
+        max_error = float(error.max()) if error.size else 0.0
+        figures = dict(
+            max_abs_error=max_error,
+            allowed=float(allowed[worst]) if ratio.size else 0.0,
+            ratio=float(ratio[worst]) if ratio.size else 0.0,
+        )
+        status = "deviation" if policy != "zeros" and bool(empty.any()) else "passed"
+        record = self.new_record(case, clause, status, **figures)
+        if ratio.size and ratio[worst] > 1.0:
+            index = tuple(int(i) for i in worst)
+            # Filed under the test's own clause only if no feature the test is not about explains it.
+            surfaced = self.surfaced_fault(case, inputs) if explicit is None else None
+            blame = ""
+            if surfaced:
+                blame = (f"; the same case passes {surfaced[1]}: the fault is {surfaced[0]}'s, "
+                         f"surfaced in a case drawn for {clause}")
+                failing_clause = surfaced[0]
+            record.clause = failing_clause
+            self.fail(
+                failing_clause, case, inputs,
+                f"max abs error {max_error:.3e} exceeds the allowed error "
+                f"(worst element: error {error[worst]:.3e} > allowed {allowed[worst]:.3e}, "
+                f"{ratio[worst]:.3g}x the {self.dtype} tolerance of spec/tolerances.yaml){blame}",
+                f"index {index}: got {got[worst]:.9g}, oracle {want[worst]:.9g}",
+                record=record, drawn_for=clause, attribute=False,
+            )
+        RECORDS.append(record)
+        return record
+
+    def _judge_fully_masked(self, case, inputs, got, want, allowed, empty, policy):
+        __tracebackhide__ = True
+        rows = np.broadcast_to(empty[..., None], got.shape)
+        if policy == "nan":
+            ok = np.isnan(got) | ~rows
+        else:
+            ok = ~rows | (np.abs(np.nan_to_num(got, nan=np.inf) - want) <= allowed)
+        if not ok.all():
+            index = tuple(int(i) for i in np.argwhere(~ok)[0])
+            declared = f"declared FULLY_MASKED_ROWS={policy!r}" if policy != "zeros" else "the canonical 'zeros'"
+            self.fail(
+                "mask.fully-masked-row", case, inputs,
+                f"{int(empty.sum())} fully masked row(s) do not follow {declared}",
+                f"index {index}: got {got[index]:.9g}, policy gives {want[index]:.9g}",
+            )
+
+    def check(self, case: Case, clause: str | None = None) -> tuple[np.ndarray, dict]:
+        """Run and judge in one step; returns the output (float64) and the rounded inputs."""
+        __tracebackhide__ = True
+        got, inputs = self.run(case)
+        self.judge(case, got, inputs, clause)
+        return got, inputs
