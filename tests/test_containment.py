@@ -86,9 +86,11 @@ def test_a_property_does_not_shrink_into_a_hang(short_limit):
     elapsed = time.monotonic() - started
     assert "hung" in str(raised.value) and impl.hung_on is not None
     assert elapsed < LIMIT_S + 5, f"{elapsed:.1f} s: the property waited on the hang more than once, or shrank"
-    # Once hung, a property stops at its first example: no shrinking, no explaining.
+    # Once hung, a property stops at its first example: no shrinking, no explaining. Its first example is a
+    # corner of the covering set, run outside Hypothesis, where the verdict is a plain failure (nothing shrinks
+    # it); inside Hypothesis it is a HungEarlier.
     started = time.monotonic()
-    with pytest.raises(checks.HungEarlier, match="hung earlier on case"):
+    with pytest.raises((ConformanceFailure, checks.HungEarlier), match="hung earlier on case"):
         test_properties.test_key_permutation(impl=impl, device="cpu", dtype="float64")
     assert time.monotonic() - started < 2
 
