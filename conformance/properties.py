@@ -42,6 +42,10 @@ JIT_EXAMPLE_DIVISOR = 10  # see README, "Speed": XLA compiles once per distinct 
 MIN_JIT_EXAMPLES = 1
 MIN_RANDOM_EXAMPLES = 2  # random draws a cheap, broad implementation keeps beside its corners
 FLOOR_PER_PROPERTY = 12  # judged examples per property for a narrow or compiling implementation
+# A brief covering set (gradients, dropout, variants, MHA): causal Lq < Lk with a negative scale, Lq > Lk
+# with scale 0 and a mask, causal Lq = Lk with Hkv = Hq (covering.CORNERS); one for compiling implementations.
+BRIEF_CORNERS = (1, 2, 4)
+BRIEF_CORNERS_COMPILED = (1,)
 SHRINK_BUDGET_S = 15.0  # how long Hypothesis may shrink a failing example (the per-test limit is 120 s)
 
 
@@ -61,15 +65,22 @@ class ShrinkingStopped(BaseException):
                          f"one found by then)")
 
 
-def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None):
+def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None, covering_set: str = "full"):
     """Outermost decorator of every property (the module docstring says what it runs).
+
+    ``covering_set``: "full" (every corner, and the floor) for the properties of a forward operation;
+    "brief" (BRIEF_CORNERS, no floor) for gradients, dropout, variants and MHA, whose cases cost a
+    backward pass, a compile per variant structure or an MHA pipeline (module docstring, budget).
 
     A property whose every case was unsupported is skipped, not failed. ``requires(impl)`` may
     return why the property does not apply to an implementation: it becomes the test's
     ``applies_to`` marker, decided at collection (conformance/plugin.py).
     """
     if test is None:
-        return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires)
+        return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires,
+                                 covering_set=covering_set)
+    if covering_set not in ("full", "brief"):
+        raise ValueError(f"covering_set={covering_set!r}: 'full' or 'brief'")
 
     @functools.wraps(test)
     def run(*args, **kwargs):
@@ -80,8 +91,10 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
         checks.reset_support_counts()
         try:
             with drawing_inside(region):
-                judged = run_covering_set(test, region, args, kwargs)
-                examples = random_examples(impl, region, base.max_examples, judged, min_jit_examples)
+                corners = covering_corners(impl, region, covering_set)
+                judged = run_covering_set(test, corners, args, kwargs)
+                examples = random_examples(impl, region, base.max_examples, judged, min_jit_examples,
+                                           floor=FLOOR_PER_PROPERTY if covering_set == "full" else 0)
                 test._hypothesis_internal_use_settings = settings(base, max_examples=examples)
                 with bounded_failure(test):
                     return test(*args, **kwargs)
@@ -93,7 +106,8 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     return pytest.mark.applies_to.with_args(requires)(run) if requires else run  # with_args: the argument is a callable
 
 
-def random_examples(impl, region, profile_examples: int, judged: int, min_jit_examples: int) -> int:
+def random_examples(impl, region, profile_examples: int, judged: int, min_jit_examples: int,
+                    floor: int = FLOOR_PER_PROPERTY) -> int:
     """How many random examples Hypothesis draws after ``judged`` covering cases (module docstring)."""
     compiled = impl is not None and impl.compiled
     if compiled:
@@ -101,7 +115,7 @@ def random_examples(impl, region, profile_examples: int, judged: int, min_jit_ex
     else:
         random = max(MIN_RANDOM_EXAMPLES, profile_examples - judged)
     if compiled or not _small_shapes_inside(region):
-        random = max(random, FLOOR_PER_PROPERTY - judged)
+        random = max(random, floor - judged)
     return max(1, random)
 
 
@@ -115,7 +129,16 @@ def _same_structure(value) -> str:
     return _SEED_WORDS.sub("", label) if label is not None else repr(value)
 
 
-def run_covering_set(test, region, args, kwargs) -> int:
+def covering_corners(impl, region, covering_set: str) -> list[dict]:
+    """The corners (covering.covering_hints) a property runs on this implementation."""
+    corners = covering.covering_hints(region, _small_shapes_inside(region))
+    if covering_set == "brief":
+        chosen = BRIEF_CORNERS_COMPILED if impl is not None and impl.compiled else BRIEF_CORNERS
+        corners = [corners[i] for i in chosen]
+    return corners
+
+
+def run_covering_set(test, corners: list[dict], args, kwargs) -> int:
     """Run the property on each corner of its covering set; returns how many were judged (not skipped).
 
     A failing corner raises its verdict at once. A corner the implementation does not support,
@@ -124,7 +147,7 @@ def run_covering_set(test, region, args, kwargs) -> int:
     given = test.hypothesis._given_kwargs
     inner = test.hypothesis.inner_test
     seen, judged = set(), 0
-    for hints in covering.covering_hints(region, _small_shapes_inside(region)):
+    for hints in corners:
         draw = covering.DeterministicDraw(hints["index"])
         try:
             with covering.building(hints):

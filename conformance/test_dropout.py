@@ -166,7 +166,7 @@ def _run(judge: DropoutJudge, case: Case, inputs: dict, dropout_p: float, seed: 
 
 
 # ----------------------------------------------------------------------- tests
-@property_test(requires=_without_dropout)
+@property_test(covering_set="brief", requires=_without_dropout)
 @given(case=sdpa_cases(clauses=("dropout.p-zero",)))
 def test_dropout_p_zero_is_no_dropout(impl, device, dtype, case):
     """dropout_p=0.0 gives sdpa without dropout: the oracle, within the sdpa tolerance."""
@@ -176,7 +176,7 @@ def test_dropout_p_zero_is_no_dropout(impl, device, dtype, case):
     judge.judge(case, got, inputs, "dropout.p-zero")
 
 
-@property_test(requires=_without_dropout)
+@property_test(covering_set="brief", requires=_without_dropout)
 @given(case=uniform_one_hot_cases())
 def test_dropout_scales_kept_weights(impl, device, dtype, case):
     """Every output element is 0 (dropped) or 1 / (Lk (1 - p)) (kept and rescaled), within rounding."""
@@ -209,7 +209,7 @@ def hoeffding_half_width(n: int, false_alarm: float) -> float:
     return math.sqrt(math.log(2.0 / false_alarm) / (2.0 * n))
 
 
-@property_test(requires=_without_dropout)
+@property_test(covering_set="brief", requires=_without_dropout)
 @given(case=uniform_one_hot_cases(min_batch_heads=RATE_MIN_BATCH_HEADS, min_len=RATE_MIN_LEN, max_len=RATE_MAX_LEN,
                                   clauses=("dropout.rate",)))
 def test_dropout_rate(impl, device, dtype, case):

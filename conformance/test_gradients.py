@@ -50,7 +50,7 @@ def _without_autodiff(impl) -> str | None:
 # A new shape costs JAX a compile of forward and backward, about 1 s on the CI machine
 # (five times the forward alone): JAX implementations run a tenth of the profile's
 # examples, at least one (property_test).
-gradient_test = property_test(requires=_without_autodiff)
+gradient_test = property_test(requires=_without_autodiff, covering_set="brief")
 
 
 # ----------------------------------------------------------------- strategies

@@ -23,75 +23,75 @@ def check(impl, device, dtype, case: Case):
     return Judge(impl, dtype, device).check(case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(clauses=("mha.projections", "mha.output-projection")))
 def test_mha_matches_oracle(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(bias=st.just("input"), cross=st.just(False), mask_kinds=("none",), causal=st.just(False),
                       clauses=("mha.projections",)))
 def test_mha_projection_biases(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(bias=st.just("output"), cross=st.just(False), mask_kinds=("none",), causal=st.just(False),
                       clauses=("mha.output-projection",)))
 def test_mha_output_projection(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.just(False), clauses=("mha.head-split",),
                       min_heads=2))
 def test_mha_head_split(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.booleans(), clauses=("mha.head-merge",),
                       min_heads=2, min_len=2))
 def test_mha_head_merge(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(bias=st.just("none"), mask_kinds=("none",), causal=st.booleans(), clauses=("mha.scale-head-dim",),
                       min_heads=2, min_len=2))
 def test_mha_scale_is_head_width(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(bias=st.just("all"), mask_kinds=("none",), causal=st.just(False), clauses=("mha.head-width-free",),
                       head_width_free=True))
 def test_mha_head_width_not_e_over_h(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(cross=st.just(True), mask_kinds=("none", "key-padding"), causal=st.just(False),
                       clauses=("mha.cross-attention",)))
 def test_mha_cross_attention(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(mask_kinds=("bool-2d", "key-padding", "bool-3d-per-head", "float"), clauses=("mask.broadcast",
                                                                                "mask.bool-true-attends")))
 def test_mha_masks(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(mask_kinds=("none",), causal=st.just(True), cross=st.just(False), clauses=("causal.top-left",)))
 def test_mha_causal(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test
+@property_test(covering_set="brief")
 @given(case=mha_cases(mask_kinds=("bool-2d", "key-padding", "float"), allow_empty_rows=True,
                       clauses=("mask.fully-masked-row",)))
 def test_mha_fully_masked_rows(impl, device, dtype, case):

@@ -36,7 +36,7 @@ def needs(*keywords: str):
 
 
 # ----------------------------------------------------------------- against the oracle
-@property_test(requires=needs("window", "query_offset"))
+@property_test(covering_set="brief", requires=needs("window", "query_offset"))
 @sdpa_op
 @given(case=variant_cases(variants=("window", "query_offset"), clauses=("sdpa.window",),
                           mask_kinds=("none", "key-padding", "bool-full")))
@@ -44,7 +44,7 @@ def test_window(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(requires=needs("softcap"))
+@property_test(covering_set="brief", requires=needs("softcap"))
 @sdpa_op
 @given(case=variant_cases(variants=("softcap",), clauses=("sdpa.softcap",), mask_kinds=("none", "bool-full", "float"),
                           scale=st.none() | st.sampled_from([1.0, -0.5])))
@@ -52,7 +52,7 @@ def test_softcap(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(requires=needs("alibi_slopes", "query_offset"))
+@property_test(covering_set="brief", requires=needs("alibi_slopes", "query_offset"))
 @sdpa_op
 @given(case=variant_cases(variants=("alibi_slopes", "query_offset"), clauses=("sdpa.alibi",),
                           mask_kinds=("none", "key-padding")))
@@ -60,7 +60,7 @@ def test_alibi(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(requires=needs("query_offset"))
+@property_test(covering_set="brief", requires=needs("query_offset"))
 @sdpa_op
 @given(case=variant_cases(variants=("query_offset",), clauses=("sdpa.query-offset",), causal=st.just(True),
                           mask_kinds=("none", "key-padding")))
@@ -68,14 +68,14 @@ def test_query_offset(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(requires=needs("key_lengths", "query_lengths"))
+@property_test(covering_set="brief", requires=needs("key_lengths", "query_lengths"))
 @sdpa_op
 @given(case=variant_cases(variants=("lengths",), clauses=("sdpa.varlen",), mask_kinds=("none", "bool-full")))
 def test_varlen(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(requires=needs("window", "softcap", "alibi_slopes", "query_offset", "key_lengths", "query_lengths"))
+@property_test(covering_set="brief", requires=needs("window", "softcap", "alibi_slopes", "query_offset", "key_lengths", "query_lengths"))
 @sdpa_op
 @given(case=variant_cases(clauses=("sdpa.variant-order",), mask_kinds=("none", "bool-full", "float", "per-head")))
 def test_variants_combined(impl, device, dtype, case):
@@ -94,7 +94,7 @@ def _as_bool_mask(case: Case, keep: np.ndarray) -> np.ndarray:
     return np.broadcast_to(own & keep, target).copy()
 
 
-@property_test(requires=needs("window"))
+@property_test(covering_set="brief", requires=needs("window"))
 @sdpa_op
 @given(case=variant_cases(variants=("window",), clauses=("sdpa.window",)))
 def test_unbounded_window_is_no_window(impl, device, dtype, case):
@@ -106,7 +106,7 @@ def test_unbounded_window_is_no_window(impl, device, dtype, case):
     _same(judge, unbounded, first, second, inputs, "sdpa.window", "window (None, None) against no window")
 
 
-@property_test(requires=needs("query_offset"))
+@property_test(covering_set="brief", requires=needs("query_offset"))
 @sdpa_op
 @given(case=variant_cases(variants=("query_offset",), clauses=("sdpa.query-offset",), causal=st.just(True),
                           mask_kinds=("none", "bool-full")))
@@ -121,7 +121,7 @@ def test_query_offset_is_a_shifted_causal_mask(impl, device, dtype, case):
     _same(judge, case, first, second, inputs, "sdpa.query-offset", "causal at an offset against the same band as a mask")
 
 
-@property_test(requires=needs("key_lengths"))
+@property_test(covering_set="brief", requires=needs("key_lengths"))
 @sdpa_op
 @given(case=variant_cases(variants=("lengths",), clauses=("sdpa.varlen",), mask_kinds=("none", "bool-full")))
 def test_key_lengths_are_a_key_padding_mask(impl, device, dtype, case):
