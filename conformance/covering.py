@@ -219,9 +219,10 @@ def _length_pair(relation: str, region: Region, small: bool) -> tuple[int, int]:
     return n, n
 
 
-def _kv_heads(kv: str, region: Region) -> tuple[int, int]:
-    """(Hkv, Hq / Hkv) for a kv layout inside the region's GQA declaration."""
-    largest = 4 if region.max_group is None else max(1, min(4, region.max_group))
+def _kv_heads(kv: str, region: Region, small: bool) -> tuple[int, int]:
+    """(Hkv, Hq / Hkv) for a kv layout inside the region's GQA declaration (small cases: groups up to 3)."""
+    largest = 3 if small else 4
+    largest = largest if region.max_group is None else max(1, min(largest, region.max_group))
     if not region.gqa or largest == 1:
         return (2, 1) if kv == "full" else (1, 1)
     return {"grouped": (2, 2), "one": (1, largest), "full": (2, 1)}[kv]
@@ -230,7 +231,7 @@ def _kv_heads(kv: str, region: Region) -> tuple[int, int]:
 def hints_for(corner: dict, index: int, region: Region, small: bool) -> dict:
     """The corner's concrete values for an sdpa case inside ``region`` (what strategies.py reads)."""
     small = small and not corner.get("kernel", False)
-    hkv, group = _kv_heads(corner["kv"], region)
+    hkv, group = _kv_heads(corner["kv"], region, small)
     lq, lk = _length_pair(corner["lengths"], region, small)
     # Fewer heads where the pair would pass the score budget; the length relation is the corner's point.
     while hkv * group * lq * lk > COVERING_SCORE_BUDGET and group > 1:

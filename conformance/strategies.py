@@ -238,7 +238,8 @@ def sdpa_cases(
             _outside_region(f"Hq/Hkv = {group} (declared gqa: {region.gqa}, max_group: {region.max_group})")
         group = 1 if not region.gqa else min(group, region.max_group)
     hq = hkv * group
-    is_causal = hint("is_causal") if admits(causal, hint("is_causal")) else draw(causal, label="is_causal")
+    wanted = hint("is_causal")
+    is_causal = wanted if admits(causal, wanted) and (region.causal or not wanted) else draw(causal, label="is_causal")
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
     corner_lengths = _hinted_lengths(region, b * hq, same_lengths, lengths, query_mode)

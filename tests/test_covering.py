@@ -1,0 +1,150 @@
+"""The covering set, the budget of examples and the bounded failure of every property (conformance/properties.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import strategies as st
+
+from attention_conformance.conformance import checks, covering, properties, test_properties
+from attention_conformance.conformance.report import ConformanceFailure
+from attention_conformance.conformance.strategies import drawing_inside, sdpa_cases
+from attention_conformance.implementations import load_implementation
+from attention_conformance.implementations._region import EVERYTHING, parse_region
+
+pytestmark = pytest.mark.selfcheck
+
+PALLAS = parse_region({"head_dims": {"min": 16, "max": 256, "multiple": 16}, "value_head_dim": "same",
+                       "lengths": {"multiple": 128, "max": 1024}, "masks": ["none"]})
+FLASH = parse_region({"head_dims": {"min": 16, "max": 256, "multiple": 8}, "value_head_dim": "same"})
+NO_GQA = parse_region({"gqa": False, "causal": False})
+REGIONS = {"everything": EVERYTHING, "pallas": PALLAS, "flash": FLASH, "no-gqa": NO_GQA}
+
+
+def corner_cases(region, strategy, small=None):
+    small = region.takes_small_shapes() if small is None else small
+    built = []
+    with drawing_inside(region):
+        for hints in covering.covering_hints(region, small):
+            with covering.building(hints):
+                try:
+                    built.append(covering.DeterministicDraw(hints["index"])(strategy))
+                except (pytest.skip.Exception, covering.CannotBuild):
+                    continue
+    return built
+
+
+def facts(case):
+    q, k, v = (case.inputs[n] for n in "qkv")
+    return {"op": "sdpa", "B": q.shape[0], "Hq": q.shape[1], "Hkv": k.shape[1], "Lq": q.shape[2], "Lk": k.shape[2],
+            "Dk": q.shape[3], "Dv": v.shape[3], "is_causal": bool(case.inputs.get("is_causal")),
+            "mask_kind": "none" if "mask" not in case.inputs else
+            ("bool" if case.inputs["mask"].dtype == np.bool_ else "float"), "scale": case.inputs.get("scale")}
+
+
+@pytest.mark.parametrize("name", REGIONS)
+def test_every_corner_lies_inside_the_region(name):
+    region = REGIONS[name]
+    cases = corner_cases(region, sdpa_cases(allow_empty_rows=True))
+    assert len(cases) == len(covering.CORNERS)
+    for case in cases:
+        assert region.why_outside(facts(case)) is None, case.label
+        f = facts(case)
+        assert f["B"] * f["Hq"] * f["Lq"] * f["Lk"] <= covering.COVERING_SCORE_BUDGET
+
+
+@pytest.mark.parametrize("name", ["everything", "pallas", "flash"])
+def test_the_corners_reach_each_structural_corner(name):
+    """Causal with Lq <, = and > Lk; one kv head, 1 < Hkv < Hq, Hkv = Hq; both extreme head dims; zero, negative
+    and default scales; a length at and one past the region's block."""
+    region = REGIONS[name]
+    found = [facts(c) for c in corner_cases(region, sdpa_cases(allow_empty_rows=True))]
+    causal = {(f["Lq"] > f["Lk"]) - (f["Lq"] < f["Lk"]) for f in found if f["is_causal"]}
+    assert causal == {-1, 0, 1}
+    assert any(f["Hkv"] == 1 and f["Hq"] > 1 for f in found)
+    assert any(1 < f["Hkv"] < f["Hq"] for f in found)
+    assert any(f["Hkv"] == f["Hq"] for f in found)
+    dims = [f["Dk"] for f in found]
+    assert {min(dims), max(dims)} <= set(dims) and min(dims) < max(dims)
+    scales = [f["scale"] for f in found]
+    assert None in scales and 0.0 in scales and any(s is not None and s < 0 for s in scales)
+    block = region.lengths.multiple if region.lengths.multiple > 1 else 64
+    lengths = {f["Lq"] for f in found} | {f["Lk"] for f in found}
+    assert block in lengths and any(n > block for n in lengths)
+
+
+def test_a_corner_the_property_holds_fixed_is_not_taken():
+    """A property about non-causal, non-grouped cases keeps them so in its corners."""
+    cases = corner_cases(EVERYTHING, sdpa_cases(mask_kinds=("none",), causal=st.just(False), gqa=False))
+    assert cases and not any(c.inputs.get("is_causal") for c in cases)
+    assert all(c.inputs["q"].shape[1] == c.inputs["k"].shape[1] for c in cases)
+    assert all("mask" not in c.inputs for c in cases)
+
+
+def test_each_mask_kind_of_a_property_is_met():
+    kinds = ("bool-full", "key-padding", "float")
+    cases = corner_cases(EVERYTHING, sdpa_cases(mask_kinds=kinds))
+    assert {c.mask_kind for c in cases} == set(kinds)
+
+
+def test_random_draws_see_no_hints():
+    """Outside a corner the strategies draw as they always have: the hints are only read while building."""
+    assert covering.hint("lengths") is None and not covering.hinted("scale")
+    with covering.building({"lengths": (3, 5)}):
+        assert covering.hint("lengths") == (3, 5)
+    assert covering.hint("lengths") is None
+
+
+@pytest.mark.parametrize("strategy, values", [
+    (st.booleans(), [False, True]), (st.just(3), [3]), (st.none(), [None]), (st.integers(1, 4), [1, 2, 3, 4]),
+    (st.sampled_from([2, 1]) | st.integers(1, 3), [2, 1, 3]), (st.integers(1, 9).filter(lambda n: n % 3 == 0), [3, 6, 9]),
+    (st.floats(0, 1), None), (st.integers(0, 2**32), None),
+])
+def test_strategy_values_lists_what_a_strategy_can_draw(strategy, values):
+    assert covering.strategy_values(strategy) == values
+
+
+def test_budget_floor_for_narrow_or_compiling_implementations_only():
+    broad = load_implementation("zoo.correct_reference")
+    narrow = load_implementation("zoo.kernel_correct_pallas_region")
+    # A broad, cheap implementation: the profile's examples, corners first, at least MIN_RANDOM_EXAMPLES random.
+    assert properties.random_examples(broad, broad.region, 10, 8, 1) == 2
+    assert properties.random_examples(broad, broad.region, 25, 8, 1) == 17
+    # A narrow one reaches FLOOR_PER_PROPERTY judged examples per property.
+    assert properties.random_examples(narrow, narrow.region, 10, 5, 1) == properties.FLOOR_PER_PROPERTY - 5
+    assert properties.random_examples(narrow, narrow.region, 10, 5, 1, floor=0) == 5
+
+
+def test_a_failing_corner_fails_the_property_at_once(kept_records):
+    """The Pallas-shaped kernel whose causal key loop runs past the last key block fails on its first corner
+    (causal, Lq 256 > Lk 128), before any random draw."""
+    impl = load_implementation("zoo.kernel_broken_causal_past_last_key_block")
+    fn = test_properties.test_causal_top_left
+    calls = []
+    inner = fn.__wrapped__.hypothesis.inner_test
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["case"].label)
+        return inner(*args, **kwargs)
+
+    fn.__wrapped__.hypothesis.inner_test = counted
+    try:
+        with pytest.raises(ConformanceFailure) as failed:
+            fn(impl=impl, device="cpu", dtype="float32")
+    finally:
+        fn.__wrapped__.hypothesis.inner_test = inner
+    assert failed.value.clause == "sdpa.finite"
+    assert len(calls) == 1 and "Lq256 Lk128" in calls[0] and "causal" in calls[0]
+
+
+def test_shrinking_stops_at_its_time_limit_and_keeps_one_failed_record(monkeypatch, kept_records):
+    """Past SHRINK_BUDGET_S after the first failure the smallest failure so far is the verdict, and the session
+    keeps one failed record for it (not one per shrink attempt)."""
+    monkeypatch.setattr(properties, "SHRINK_BUDGET_S", 0.0)
+    monkeypatch.setattr(covering, "CORNERS", ())  # no corners: the failure is met by a random draw, then shrunk
+    impl = load_implementation("zoo.broken_sdpa_no_scale")
+    start = len(checks.RECORDS)
+    with pytest.raises(properties.ShrinkingStopped) as stopped:
+        test_properties.test_default_scale(impl=impl, device="cpu", dtype="float64")
+    assert "[sdpa.scale-default]" in str(stopped.value) and "SHRINK_BUDGET_S" in str(stopped.value)
+    failed = [r for r in checks.RECORDS[start:] if r.status == "failed"]
+    assert len(failed) == 1
