@@ -18,7 +18,7 @@ Fresh means no state carries from one run to the next:
   repository's own ``.hypothesis/`` is never read or written. The dev profile is not
   derandomized, so every run draws its own examples from a fresh random seed.
 
-Usage: python benchmarks/kernel_standins.py [--runs 20] [--members kernel_correct ...] [--json PATH]
+Usage: python benchmarks/kernel_standins.py [--runs 20] [--members kernel_correct ...] [--exitfirst] [--json PATH]
 Each run takes 10-40 s on the 2-core machine (the default command's two xdist workers), so the
 full 6 x 20 measurement takes about 30-60 minutes; run it in the background
 (``nohup python benchmarks/kernel_standins.py > /tmp/kernel_standins.log 2>&1 &``).
@@ -45,6 +45,9 @@ MEMBERS = (
     "kernel_broken_fully_masked_rows",
     "kernel_broken_partial_tile_dropped",
     "kernel_broken_tf32_undeclared",
+    "kernel_correct_pallas_region",
+    "kernel_broken_causal_past_last_key_block",
+    "kernel_broken_gqa_kv_head_from_query_head",
 )
 # The terminal summary's line per implementation: "zoo_x 903 cases judged (864 passed, 39 failed), 33 cases
 # unsupported" (or, in older trees, "zoo_x 864 passed, 39 failed, 33 unsupported").
@@ -53,8 +56,10 @@ SUMMARY_LINE = re.compile(r"^(?P<name>zoo_\S+)\s+(?P<counts>\d+ (?:cases judged|
 BREAKS_LINE = re.compile(r"^zoo_\S+ breaks: (?P<clauses>.+)$", re.M)
 
 
-def one_run(member: str) -> dict:
+def one_run(member: str, exitfirst: bool = False) -> dict:
     command = [sys.executable, "-m", "pytest", "conformance", "--impl", f"zoo.{member}", "-p", "no:cacheprovider", "-q"]
+    if exitfirst:
+        command.append("-x")
     with tempfile.TemporaryDirectory(prefix="hypothesis-") as storage:
         # PYTHONPATH: this checkout's suite and zoo, also in the xdist workers (not an editable install's)
         env = dict(os.environ, HYPOTHESIS_STORAGE_DIRECTORY=storage,
@@ -104,13 +109,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--members", nargs="+", default=list(MEMBERS))
+    parser.add_argument("--exitfirst", action="store_true",
+                        help="stop each run at its first failure (-x): a rejection rate in less time; the judged "
+                             "counts are then of the run up to it")
     parser.add_argument("--json", default=None, help="write every run's record here (JSON lines, appended as they finish)")
     args = parser.parse_args(argv)
     summaries = []
     for member in args.members:
         runs = []
         for index in range(args.runs):
-            record = one_run(member)
+            record = one_run(member, args.exitfirst)
             runs.append(record)
             print(f"{member} run {index + 1}/{args.runs}: exit {record['exit']}, judged {record['judged']}, "
                   f"{record['wall_s']:.1f} s" + (f", breaks {', '.join(record['clauses'])}" if record["clauses"] else ""),
