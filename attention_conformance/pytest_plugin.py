@@ -12,6 +12,12 @@ defaults the suite's pyproject.toml gives a checkout (pytest reads the ini file 
 project, never the suite's): the `conformance`/`selfcheck`/`op`/`large_shapes` markers, a 120 s
 per-test timeout, -rfExX, and JAX's DeprecationWarnings ignored.
 
+In those runs the per-test timeout raises an exception Hypothesis does not take for a failing example
+(conformance/time_limit.py: pytest-timeout's own had Hypothesis shrink past the limit), and SIGTERM
+interrupts the run as Ctrl-C does, so a run stopped from outside still prints its summary and writes its
+report, marked incomplete (conformance/session.py; under xdist the workers stream what they judge,
+conformance/transport.py).
+
 The root conftest.py of a checkout registers this module when the entry point has not (a checkout
 on PYTHONPATH without `pip install`); both use the module's own name, so pytest never registers it twice.
 """
@@ -30,6 +36,7 @@ SUITE_DIR = Path(__file__).resolve().parent / "conformance"
 if not SUITE_DIR.is_dir():
     SUITE_DIR = Path(__file__).resolve().parent.parent / "conformance"
 ENGAGED_KEY = pytest.StashKey[bool]()
+_ACTIVE: dict = {"config": None}  # the engaged config of this process (hooks without a config argument)
 WORKER_KEY = "attention_conformance_engaged"
 # What the suite's own ini file sets for a checkout, repeated for runs under another project's ini file.
 MARKERS = (
@@ -167,6 +174,16 @@ def pytest_configure(config):
     if config.getoption("call_timeout") is not None:  # xdist workers inherit it
         os.environ["ATTENTION_CONFORMANCE_CALL_TIMEOUT"] = str(config.getoption("call_timeout"))
     support.configure(config)
+    support.start(config)
+    _ACTIVE["config"] = config
+
+
+def pytest_unconfigure(config):
+    if _ACTIVE["config"] is config:
+        from attention_conformance.conformance import plugin as support
+
+        support.unconfigure()
+        _ACTIVE["config"] = None
 
 
 def _apply_suite_defaults(config) -> None:
@@ -208,6 +225,63 @@ def pytest_generate_tests(metafunc):
         support.parametrize(metafunc)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """After each item (passed, failed or interrupted) an xdist worker streams what it judged to its controller."""
+    try:
+        return (yield)
+    finally:
+        if engaged(item.config):
+            from attention_conformance.conformance import plugin as support
+
+            support.item_done(item.config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    """When the tests end (or are interrupted), SIGTERM no longer interrupts: the summary and report are written."""
+    try:
+        return (yield)
+    finally:
+        if engaged(session.config):
+            from attention_conformance.conformance import plugin as support
+
+            support.tests_ended()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """The per-test time limit repeats only while the test function runs (conformance/time_limit.py)."""
+    if not engaged(item.config):
+        return (yield)
+    from attention_conformance.conformance import time_limit
+
+    time_limit.call_started(item)
+    try:
+        return (yield)
+    finally:
+        time_limit.call_ended(item)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout: in the suite's runs the limit raises an exception Hypothesis does not shrink
+    (conformance/time_limit.py); None leaves the timer to pytest-timeout."""
+    if engaged(item.config):
+        from attention_conformance.conformance import time_limit
+
+        return time_limit.set_timer(item, settings)
+    return None
+
+
+def pytest_keyboard_interrupt(excinfo):
+    """Ctrl-C, SIGTERM (made a KeyboardInterrupt), pytest.exit or a stopping worker: the report says why."""
+    if _ACTIVE["config"] is not None:
+        from attention_conformance.conformance import plugin as support
+
+        support.interrupted(excinfo)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if engaged(config):
         from attention_conformance.conformance import plugin as support
@@ -215,12 +289,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         support.terminal_summary(terminalreporter, config)
 
 
+@pytest.hookimpl(trylast=True)  # under xdist after the controller's teardown of the workers: their streams are whole
 def pytest_sessionfinish(session, exitstatus):
     if engaged(session.config):
         from attention_conformance.conformance import plugin as support
 
-        support.enforce_coverage(session)
-        support.write_report(session, session.exitstatus)
+        support.finish(session)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -234,16 +308,19 @@ def pytest_xdist_setupnodes(config, specs):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
-    """pytest-xdist: a worker engages exactly when its controller did (its arguments and directory may differ)."""
+    """pytest-xdist: a worker engages exactly when its controller did (its arguments and directory may differ),
+    and streams what it judges to a directory of the run."""
     node.workerinput[WORKER_KEY] = engaged(node.config)
+    if engaged(node.config):
+        from attention_conformance.conformance import plugin as support
+
+        support.configure_node(node)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """pytest-xdist: a worker finished; merge its conformance records into the controller's."""
     if engaged(node.config):
-        from attention_conformance.conformance import coverage
         from attention_conformance.conformance import plugin as support
 
         support.receive_from_worker(node)
-        coverage.receive(node)

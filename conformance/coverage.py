@@ -10,7 +10,8 @@ The rule (README, "Coverage"):
      --dtype, a framework missing) fails the run, saying why.
   3. A run with conformance tests in it that judged no case at all fails.
 Each violation is one line in the terminal summary, and the exit status becomes 1.
-``--allow-unjudged`` reports the lines without failing (for a deliberately partial run).
+``--allow-unjudged`` reports the lines without failing (for a deliberately partial run). A run stopped
+before its end (SIGTERM, Ctrl-C, -x) is not held to the rule: its report says it is incomplete.
 
 Under xdist the workers collect and run; each sends which (implementation, operation)
 pairs it had runnable items for, and the controller decides.
@@ -22,8 +23,9 @@ from collections import Counter, defaultdict
 import pytest
 
 from . import checks
+from . import session as run_state
+from .report import JUDGED, distinct
 
-JUDGED = ("passed", "failed", "deviation")
 RUNNABLE: set[tuple[str, str]] = set()  # (implementation, operation) with a runnable item in this run
 COLLECTED = [0]  # conformance items collected, runnable or not (deselected for an absent device included)
 ABSENT: Counter = Counter()  # (device, implementation) -> items deselected because the device is absent here
@@ -84,7 +86,7 @@ def absent_lines() -> list[str]:
 def _judged_and_unsupported():
     judged: Counter = Counter()
     unsupported: dict[tuple[str, str], Counter] = defaultdict(Counter)
-    for rec in checks.RECORDS:
+    for rec in distinct(checks.RECORDS):  # a replayed example is one case (as the summary counts)
         key = (rec.implementation, rec.op)
         if rec.status in JUDGED:
             judged[key] += 1
@@ -121,6 +123,8 @@ def enforce(session, impls, user_named: set[str], why_not_runnable) -> None:
     """Apply the rule on the controller (or the only process): record the lines, fail the run unless allowed."""
     config = session.config
     if config.option.collectonly or COLLECTED[0] == 0:
+        return
+    if run_state.stop_reason():  # a run stopped early judged what it reached: the rule is for whole runs
         return
     lines = problems(config, impls, user_named, why_not_runnable)
     config.stash[PROBLEMS_KEY] = lines

@@ -1,6 +1,6 @@
 """The HTML page written beside the JSON report: one self-contained file.
 
-``write(report, path)`` takes the dict built by ``conformance.summary.build_report``
+``write(report, path)`` takes the dict built by ``conformance.json_report.build_report``
 (documented in docs/report.md and docs/report-schema.json) and writes a page that
 reads without the terminal: run header and environment, one summary per
 implementation, the clause x implementation matrix, the cross-backend agreement
@@ -71,6 +71,12 @@ details summary { cursor: pointer; color: #1a4f8b; }
 table.failures td { font-size: .93em; }
 table.failures details pre { max-width: 1000px; }
 """
+
+
+def html_path(path: Path) -> Path:
+    """The page beside the JSON report: reports/c.json and reports/c.json.gz both give reports/c.html."""
+    path = Path(path)
+    return (path.with_suffix("") if path.suffix == ".gz" else path).with_suffix(".html")
 
 
 def e(value: Any) -> str:
@@ -168,6 +174,9 @@ def _header(report: dict, path: Path) -> str:
         ("suite", f"{e(suite.get('name', 'attention-conformance'))} {e(suite.get('version'))}"),
         ("commit", f'<span class="mono" title="{e(commit)}">{e(commit or "unknown (not a git checkout)")}</span>'),
         ("exit status", f'<span class="badge {badge}">{e(status)}</span> {e(meaning)}'),
+        ("complete", "yes: the run went to its end" if report.get("complete", True) else
+         f'<span class="badge bad">no</span> {e(report.get("incomplete_reason") or "the run stopped early")}: '
+         "the counts and cases are those judged before it stopped"),
         ("report schema", f"version {e(report.get('schema_version'))}{json_link}"),
     ]
     meta = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
@@ -204,6 +213,10 @@ def _implementations(report: dict, counts: dict[str, Counter], names: list[str])
             f'<span style="background:{STATUS_COLOURS[s][0]};color:{STATUS_COLOURS[s][1]};padding:0 .3em">'
             f"{c.get(s, 0)} {s}</span>" for s in STATUSES if c.get(s) or s in ("passed", "failed")
         ) + "</span>"
+        operations = (summary.get(name) or {}).get("operations") or {}
+        if operations:
+            count_html += '<div class="note">judged per operation: ' + ", ".join(
+                f"{e(op)} {e((n or {}).get('judged', 0))}" for op, n in operations.items()) + "</div>"
         reasons = (summary.get(name) or {}).get("unsupported_reasons") or []
         if reasons:
             count_html += '<div class="note">top unsupported reasons:<br>' + "<br>".join(
@@ -228,8 +241,8 @@ def _implementations(report: dict, counts: dict[str, Counter], names: list[str])
     return ("<h2>Implementations</h2>"
             + _table(["implementation", "cases by status", "declared dtypes", "fully masked rows",
                       "known deviations", "operations", "array / devices", "skipped because"], rows)
-            + '<p class="note">Counts are judged cases (a Hypothesis property contributes one per example it '
-              "ran, shrinking included), not pytest tests. <i>deviation</i>: a failure the implementation "
+            + '<p class="note">Counts are distinct cases (a fixture case, or a Hypothesis example: each once, '
+              "however often it was replayed), not pytest tests. <i>deviation</i>: a failure the implementation "
               "declared in KNOWN_DEVIATIONS, or a fully masked row answered with its declared non-canonical "
               "policy. <i>unsupported</i>: a case the implementation cannot take (dtype, keyword, "
               "NotImplementedError); never a failure.</p>")
@@ -611,7 +624,7 @@ def render(report: dict, path: Path) -> str:
 
 
 def write(report: dict, path: Path) -> None:
-    """Write the self-contained HTML page for ``report`` (the dict of summary.build_report) to ``path``."""
+    """Write the self-contained HTML page for ``report`` (the dict of json_report.build_report) to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(report, path), encoding="utf-8")

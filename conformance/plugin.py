@@ -1,12 +1,15 @@
 """What the pytest plugin (attention_conformance/pytest_plugin.py) delegates to: discovery, parametrisation,
-profiles, summary and report."""
+profiles, and the end of the run (summary, coverage rule, report), each done by its own module.
+
+The session's shared state (the implementations loaded, how the run ended) is conformance/session.py; what a
+worker hands its controller is conformance/transport.py; the summary is conformance/summary.py, the report
+conformance/json_report.py.
+"""
 from __future__ import annotations
 
 import os
 from importlib import metadata
 from pathlib import Path
-
-import numpy as np
 
 import pytest
 
@@ -14,12 +17,12 @@ from attention_conformance.implementations import DTYPE_NAMES, Implementation, I
 from attention_conformance.implementations import builtin_implementations, load_implementation
 from attention_conformance.implementations._arrays import ARRAY_KINDS, device_names
 
+from . import session
+from .session import IMPLS_KEY, USER_NAMED_KEY, implementations
 from .specdata import SpecError, clauses, fixtures
 
 ENV_VAR = "ATTENTION_CONFORMANCE_IMPL"
 ENTRY_POINT_GROUP = "attention_conformance.implementations"
-IMPLS_KEY = pytest.StashKey[list]()
-USER_NAMED_KEY = pytest.StashKey[set]()  # implementations the user named (--impl, $ENV_VAR, entry points)
 
 __all__ = ["DTYPE_NAMES"]
 
@@ -147,10 +150,6 @@ def _print_impls(impls) -> None:
             print(f"    skipped: {d['skip_reason']}")
         else:
             print(f"    devices: {', '.join(d['devices']) or 'none'}")
-
-
-def implementations(config) -> list[Implementation]:
-    return config.stash[IMPLS_KEY]
 
 
 def deselect_selfcheck_for_user_impls(config, items) -> None:
@@ -316,7 +315,7 @@ def register_hypothesis_profiles() -> None:
     settings.load_profile("dev")  # --hypothesis-profile NAME overrides this
 
 
-# ------------------------------------------------------------- reporting
+# ------------------------------------------------------------- the end of the run
 def terminal_summary(terminalreporter, config) -> None:
     from . import coverage, summary
 
@@ -332,39 +331,92 @@ def is_xdist_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
-def send_to_controller(config) -> None:
-    """An xdist worker hands its case records, kept outputs, versions and devices to the controller (workeroutput)."""
-    from . import agreement, checks, summary
+def start(config) -> None:
+    """After configure, in every process of the run: SIGTERM interrupts it as Ctrl-C does (session.py); a worker
+    says where it runs, for its controller to stop it."""
+    session.install_signal_handlers()
+    if is_xdist_worker(config):
+        from . import transport
 
-    config.workeroutput["conformance_records"] = [rec.transport() for rec in checks.RECORDS]
-    config.workeroutput["conformance_environment"] = summary.local_environment()
-    config.workeroutput["conformance_outputs"] = [
-        [dtype, case, name, np.asarray(out).tolist()]
-        for (dtype, case), outputs in agreement._OUTPUTS.items()
-        for name, out in outputs.items()
-    ]
+        transport.announce(config)
+
+
+def interrupted(excinfo) -> None:
+    """pytest_keyboard_interrupt: remember why; the controller stops the workers still running."""
+    from . import transport
+
+    session.keyboard_interrupt(excinfo)
+    transport.stop_workers()
+
+
+def tests_ended() -> None:
+    """The run loop ended (all items run, or interrupted): from here on the run writes what it has, and a further
+    SIGTERM does not cut that short."""
+    session.finishing()
+
+
+def configure_node(node) -> None:
+    """pytest-xdist, on the controller: tell a new worker where to stream what it judges (transport.py)."""
+    from . import transport
+
+    node.workerinput[transport.STREAM_KEY] = transport.open_stream_directory()
+
+
+def item_done(config) -> None:
+    """After each test item: a worker streams the records it judged (a run stopped from outside keeps them)."""
+    if is_xdist_worker(config):
+        from . import transport
+
+        transport.stream(config)
+
+
+def finish(pytest_session) -> None:
+    """At sessionfinish: note how the run ended; a worker hands over what it has; the controller (or the only
+    process) merges what dead workers streamed, applies the coverage rule and writes the report."""
+    from . import coverage, transport
+
+    session.finishing()
+    if pytest_session.shouldfail or pytest_session.shouldstop:
+        session.note_stopped(f"stopped early: {pytest_session.shouldfail or pytest_session.shouldstop}")
+    config = pytest_session.config
+    if is_xdist_worker(config):
+        transport.stream(config, final=True)
+        coverage.send(config)
+        transport.send_to_controller(config)
+        return
+    streamed = transport.read_unreceived()
+    transport.close_stream_directory()
+    if streamed:
+        session.STATE["detail"] = (f"the records of {len(streamed)} xdist worker(s) that did not report, "
+                                   f"{sum(streamed.values())} in all, were read from their streams")
+    enforce_coverage(pytest_session)
+    path = config.getoption("conformance_report", None)
+    if path:
+        from . import json_report
+
+        json_report.write_report(config, path, pytest_session.exitstatus)
+
+
+def unconfigure() -> None:
+    session.restore_signal_handlers()
 
 
 def receive_from_worker(node) -> None:
-    """The controller merges what a finished xdist worker sent (the environment into summary.WORKER_ENVIRONMENT)."""
-    from . import agreement, checks, summary
-    from .report import CaseRecord
+    """The controller merges what a finished xdist worker sent (transport.py) and its coverage counts."""
+    from . import coverage, transport
 
-    output = getattr(node, "workeroutput", {})
-    checks.RECORDS.extend(CaseRecord.from_transport(data) for data in output.get("conformance_records", []))
-    summary.merge_worker_environment(output.get("conformance_environment") or {})
-    for dtype, case, name, values in output.get("conformance_outputs", []):
-        agreement._OUTPUTS[(dtype, case)][name] = np.asarray(values, dtype=np.float64)
+    transport.receive_from_worker(node)
+    coverage.receive(node)
 
 
-def enforce_coverage(session) -> None:
+def enforce_coverage(pytest_session) -> None:
     """The controller (or the only process) applies the coverage rule (conformance/coverage.py)."""
-    if is_xdist_worker(session.config):
+    if is_xdist_worker(pytest_session.config):
         return
     from . import coverage
 
-    config = session.config
-    coverage.enforce(session, implementations(config), config.stash.get(USER_NAMED_KEY, set()),
+    config = pytest_session.config
+    coverage.enforce(pytest_session, implementations(config), session.user_named(config),
                      lambda impl: _why_not_runnable(config, impl))
 
 
@@ -382,18 +434,3 @@ def _why_not_runnable(config, impl: Implementation) -> str:
     if wanted and not any(_selected_dtypes(config, impl, d) for d in present):
         return f"it declares none of --dtype {', '.join(wanted)} on {', '.join(present)}"
     return "every item was deselected or skipped"
-
-
-def write_report(session, exitstatus) -> None:
-    if is_xdist_worker(session.config):
-        from . import coverage
-
-        coverage.send(session.config)
-        send_to_controller(session.config)
-        return
-    path = session.config.getoption("conformance_report", None)
-    if not path:
-        return
-    from . import summary
-
-    summary.write_report(session.config, path, exitstatus)

@@ -36,7 +36,7 @@ class CaseRecord:
         FIGURE_DIGITS significant digits (a ratio never rounds across 1); op and
         shapes (as one string, see ``shapes_text``) only for a record that did not
         pass; message only when not empty. ``repro=False`` leaves the repro snippet
-        out of a failure's message (summary.build_report keeps it in the last
+        out of a failure's message (json_report keeps it in the last
         failing record of each test, clause, device and dtype).
         """
         data: dict[str, Any] = {"test": self.test, "implementation": self.implementation, "clause": self.clause,
@@ -66,6 +66,39 @@ class CaseRecord:
     @classmethod
     def from_transport(cls, data: dict[str, Any]) -> "CaseRecord":
         return cls(**data)
+
+
+JUDGED = ("passed", "failed", "deviation")  # statuses of a case the implementation ran and was judged on
+
+
+def case_key(rec: CaseRecord) -> tuple:
+    """What makes a record one case: the test (its id names implementation, device and dtype), the case label,
+    the clause and the status; implementation, op, device and dtype too, for a test id that does not name them."""
+    return (rec.test, rec.implementation, rec.op, rec.device, rec.dtype, rec.case, rec.clause, rec.status)
+
+
+def distinct(records) -> list[CaseRecord]:
+    """One record per case (``case_key``), at the place of its first.
+
+    The same case can leave several records: Hypothesis replays an example (its final failure, a random draw
+    equal to a covering corner), and a property may check one case several times under one clause (each head of
+    it alone, say: sdpa.batch-head-independence). It is still one case judged. Of a failure the last record is
+    kept (it has the repro the terminal showed); otherwise the one with the largest ratio (the worst check).
+    """
+    index: dict[tuple, int] = {}
+    out: list[CaseRecord] = []
+    for rec in records:
+        key = case_key(rec)
+        if key not in index:
+            index[key] = len(out)
+            out.append(rec)
+        elif rec.status == "failed" or _worst_ratio(rec) >= _worst_ratio(out[index[key]]):
+            out[index[key]] = rec
+    return out
+
+
+def _worst_ratio(rec: CaseRecord) -> float:
+    return -1.0 if rec.ratio is None or rec.ratio != rec.ratio else float(rec.ratio)
 
 
 FIGURE_DIGITS = 6

@@ -1,32 +1,23 @@
-"""End-of-run summary in the terminal and the JSON conformance report."""
+"""The conformance counts of a run and its end-of-run summary in the terminal.
+
+Counts are of distinct cases (report.distinct: a replayed example is one case), per implementation and per
+operation; the JSON report (conformance/json_report.py) carries the same numbers as its ``summary``.
+"""
 from __future__ import annotations
 
-import gzip
-import json
-import platform
 import re
-import subprocess
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from attention_conformance.implementations import _arrays as arrays
+from . import checks, session
+# tests/test_array_adapters.py reads local_environment here; its home is environment.py.
+from .environment import local_environment  # noqa: F401
+from .report import JUDGED, distinct
 
-from . import checks
-from .specdata import ROOT
-
-SUITE_VERSION = "0.1.0"
-REPORT_SCHEMA_VERSION = 2
-JUDGED = ("passed", "failed", "deviation")  # statuses of a case the implementation ran and was judged on
+OPERATIONS = ("softmax", "sdpa", "multi_head_attention")  # the contract's order, for the per-operation counts
 TOP_REASONS = 3  # unsupported reasons per implementation, in the terminal and in the report's summary
 REASON_WIDTH = 60  # characters of one unsupported reason in the terminal
 _NUMBER = re.compile(r"(?<![A-Za-z_])(\d+(?:\.\d+)?(?:e[-+]?\d+)?)")
-
-
-def _counts():
-    per_impl: dict[str, Counter] = defaultdict(Counter)
-    for rec in checks.RECORDS:
-        per_impl[rec.implementation][rec.status] += 1
-    return per_impl
 
 
 def unsupported_reasons(records, limit: int = TOP_REASONS) -> list[tuple[str, int]]:
@@ -52,18 +43,29 @@ def unsupported_reasons(records, limit: int = TOP_REASONS) -> list[tuple[str, in
     return reasons
 
 
-def implementation_summary() -> dict[str, dict]:
-    """Per implementation: cases, judged, a count per status, and the top unsupported reasons (report "summary")."""
-    records = defaultdict(list)
-    for rec in checks.RECORDS:
-        records[rec.implementation].append(rec)
+def _status_counts(counts: Counter) -> dict:
+    entry = {"judged": sum(counts[s] for s in JUDGED)}
+    entry.update({s: counts[s] for s in (*JUDGED, "unsupported")})
+    return entry
+
+
+def implementation_summary(records=None) -> dict[str, dict]:
+    """Per implementation (report "summary"): its distinct cases, judged, a count per status, the same per
+    operation, and the top unsupported reasons. ``records``: checks.RECORDS unless given."""
+    by_impl = defaultdict(list)
+    for rec in distinct(checks.RECORDS if records is None else records):
+        by_impl[rec.implementation].append(rec)
     out = {}
-    for name, recs in records.items():
+    for name, recs in by_impl.items():
         counts = Counter(rec.status for rec in recs)
-        entry = {"cases": len(recs), "judged": sum(counts[s] for s in JUDGED)}
-        entry.update({s: counts[s] for s in (*JUDGED, "unsupported")})
+        entry = {"cases": len(recs), **_status_counts(counts)}
         if counts["skipped"]:
             entry["skipped"] = counts["skipped"]
+        per_op: dict[str, Counter] = defaultdict(Counter)
+        for rec in recs:
+            per_op[rec.op][rec.status] += 1
+        order = [op for op in OPERATIONS if op in per_op] + sorted(op for op in per_op if op not in OPERATIONS)
+        entry["operations"] = {op: _status_counts(per_op[op]) for op in order}
         reasons = unsupported_reasons(r for r in recs if r.status == "unsupported")
         if reasons:
             entry["unsupported_reasons"] = [{"reason": reason, "count": n} for reason, n in reasons]
@@ -76,13 +78,19 @@ def _shorten(text: str, width: int = REASON_WIDTH) -> str:
 
 
 def implementation_lines(name: str, entry: dict) -> list[str]:
-    """One line of counts per implementation, and one of its top unsupported reasons if it has any."""
-    judged = ", ".join(f"{entry[s]} {s}" for s in JUDGED if entry.get(s))
-    line = f"{name:<18} {entry['judged']} cases judged" + (f" ({judged})" if judged else "")
+    """One line of counts per implementation (judged, passed, failed, per operation), and one of its top
+    unsupported reasons if it has any."""
+    statuses = [f"{entry.get('passed', 0)} passed", f"{entry.get('failed', 0)} failed"]
+    if entry.get("deviation"):
+        statuses.append(f"{entry['deviation']} deviation")
+    line = f"{name:<18} {entry['judged']} cases judged ({', '.join(statuses)})"
+    operations = entry.get("operations") or {}
+    if operations:
+        line += " = " + " + ".join(f"{op} {counts['judged']}" for op, counts in operations.items())
     if entry.get("unsupported"):
-        line += f", {entry['unsupported']} cases unsupported"
+        line += f"; {entry['unsupported']} cases unsupported"
     if entry.get("skipped"):
-        line += f", {entry['skipped']} cases skipped"
+        line += f"; {entry['skipped']} cases skipped"
     lines = [line]
     reasons = entry.get("unsupported_reasons") or []
     if reasons:
@@ -92,16 +100,28 @@ def implementation_lines(name: str, entry: dict) -> list[str]:
     return lines
 
 
-def terminal_summary(tr, config) -> None:
-    from . import agreement, coverage
+def incomplete_line(reason: str | None) -> str | None:
+    """The summary's first line when the run did not go to its end."""
+    if not reason:
+        return None
+    return (f"INCOMPLETE: {reason}; the counts below are of the cases judged before it "
+            "(the report says complete: false)")
 
-    per_impl = _counts()
-    if not per_impl and not coverage.ABSENT:
+
+def terminal_summary(tr, config) -> None:
+    from . import agreement, coverage, html_report
+
+    entries = implementation_summary()
+    stopped = incomplete_line(session.stop_reason())
+    if not entries and not coverage.ABSENT and not (stopped and coverage.COLLECTED[0]):
         return
     tr.section("attention conformance")
-    if per_impl:
-        tr.write_line("cases per implementation (a fixture case or a Hypothesis example each; not pytest tests):")
-    for name, entry in sorted(implementation_summary().items()):
+    if stopped:
+        tr.write_line(stopped)
+    if entries:
+        tr.write_line("cases per implementation (each distinct fixture case or Hypothesis example once; "
+                      "not pytest tests):")
+    for name, entry in entries.items():
         for line in implementation_lines(name, entry):
             tr.write_line(line)
     # The clause that failed on the smallest case first (checks.breaks_order); each failure is
@@ -118,7 +138,7 @@ def terminal_summary(tr, config) -> None:
                       "in the report's agreement matrix (--conformance-report)")
     path = config.getoption("conformance_report", None)
     if path:
-        tr.write_line(f"conformance report: {path} and {Path(path).with_suffix('').with_suffix('.html')}")
+        tr.write_line(f"conformance report: {path} and {html_report.html_path(Path(path))}")
 
 
 def skipped_lines(tr) -> None:
@@ -163,136 +183,3 @@ MISSING_KEYWORD_LINE = "unsupported (keywords not in the signature):"
 
 # The default run stays short (issue 16: under ~80 lines when nothing fails): the most frequent reasons, then one line.
 SKIP_REASONS_SHOWN = 6
-
-
-SUITE_MODULES = ("ml_dtypes", "hypothesis", "pytest")  # the suite's own dependencies; frameworks come from adapters
-
-
-def _framework_versions() -> dict[str, str | None]:
-    """Python, each registered array framework (its adapter's version probe) and the suite's dependencies."""
-    versions = {"python": platform.python_version(), **arrays.framework_versions()}
-    versions.update({name: arrays.module_version(name) for name in SUITE_MODULES})
-    return versions
-
-
-def _device_info() -> dict:
-    """cpu: the processor; then what each array adapter reports of its started devices (cuda: torch's GPUs,
-    jax: JAX's devices). Nothing is imported or started for this: a framework the process never loaded (or
-    JAX with no backend initialised) adds nothing.
-    """
-    info: dict = {"cpu": platform.processor() or platform.machine(), **arrays.device_info()}
-    return {key: value for key, value in info.items() if value}
-
-
-def local_environment() -> dict:
-    """This process's versions and devices: what an xdist worker sends the controller (plugin.send_to_controller).
-
-    Plain str, list and dict only (execnet refuses other types, and the whole workeroutput with them).
-    """
-    devices = {kind: str(v) if isinstance(v, str) else [str(x) for x in v] for kind, v in _device_info().items()}
-    return {"versions": _framework_versions(), "devices": devices}
-
-
-# What the xdist workers reported (plugin.receive_from_worker merges each into it); empty without xdist.
-WORKER_ENVIRONMENT: dict = {"versions": {}, "devices": {}}
-
-
-def _merge_environment(into: dict, env: dict) -> None:
-    """Merge ``env`` into ``into``: the first non-null version and device name win; device lists are united."""
-    for name, version in (env.get("versions") or {}).items():
-        if version and not into["versions"].get(name):
-            into["versions"][name] = version
-        into["versions"].setdefault(name, None)
-    for kind, names in (env.get("devices") or {}).items():
-        if isinstance(names, str):
-            into["devices"].setdefault(kind, names)
-        elif names:
-            known = into["devices"].setdefault(kind, [])
-            known[:] = sorted(set(known) | set(names))
-
-
-def merge_worker_environment(env: dict) -> None:
-    """The controller merges one worker's ``local_environment()`` into WORKER_ENVIRONMENT."""
-    _merge_environment(WORKER_ENVIRONMENT, env or {})
-
-
-def environment() -> dict:
-    """The report's environment: this process's versions and devices, completed and united with the workers'."""
-    merged: dict = {"versions": {}, "devices": {}}
-    _merge_environment(merged, local_environment())
-    _merge_environment(merged, WORKER_ENVIRONMENT)
-    return {**merged, "platform": platform.platform()}
-
-
-def _commit() -> str | None:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
-        ).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def build_report(config, exitstatus) -> dict:
-    from . import agreement, coverage, plugin
-
-    return {
-        "schema_version": REPORT_SCHEMA_VERSION,
-        "suite": {"name": "attention-conformance", "version": SUITE_VERSION, "commit": _commit()},
-        "exit_status": int(exitstatus),
-        "environment": environment(),
-        "implementations": [impl.describe() for impl in plugin.implementations(config)],
-        "summary": implementation_summary(),
-        "coverage": config.stash.get(coverage.PROBLEMS_KEY, []),
-        "cases": _case_dicts(checks.RECORDS),
-        "agreement": agreement.matrix(),
-    }
-
-
-def _case_dicts(records) -> list[dict]:
-    """Every record, compacted (CaseRecord.as_dict); a failure's repro is kept in the last record of its group.
-
-    Hypothesis records every failing example it tries while shrinking and replays
-    the smallest last, so of the failures of one implementation, test, clause, op,
-    device and dtype only the last carries the repro snippet (the one the terminal
-    showed); the others keep their verdict, problem and worst element.
-    """
-    last = {}
-    for index, rec in enumerate(records):
-        if rec.status == "failed":
-            last[(rec.implementation, rec.test, rec.clause, rec.op, rec.device, rec.dtype)] = index
-    keep = set(last.values())
-    return [rec.as_dict(repro=rec.status != "failed" or index in keep) for index, rec in enumerate(records)]
-
-
-def dumps(report: dict) -> str:
-    """Compact JSON: no indentation, one line per top-level field and per case record (easy to grep and diff)."""
-    def one(value) -> str:
-        return json.dumps(value, separators=(",", ":"), default=float)
-
-    fields = []
-    for key, value in report.items():
-        if key == "cases" and value:
-            text = "[\n" + ",\n".join(one(case) for case in value) + "\n]"
-        else:
-            text = one(value)
-        fields.append(f"{one(key)}:{text}")
-    return "{\n" + ",\n".join(fields) + "\n}\n"
-
-
-def html_path(path: Path) -> Path:
-    """The HTML page beside the report: reports/c.json and reports/c.json.gz both give reports/c.html."""
-    path = Path(path)
-    return (path.with_suffix("") if path.suffix == ".gz" else path).with_suffix(".html")
-
-
-def write_report(config, path: str, exitstatus) -> None:
-    """Write the JSON report to ``path`` (gzip-compressed when it ends in .gz) and the HTML page beside it."""
-    report = build_report(config, exitstatus)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    data = dumps(report).encode("utf-8")
-    target.write_bytes(gzip.compress(data, mtime=0) if target.suffix == ".gz" else data)
-    from . import html_report
-
-    html_report.write(report, html_path(target))

@@ -24,7 +24,9 @@ import jsonschema
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import agreement, checks, html_report, plugin, summary
+from attention_conformance.conformance import agreement, checks, environment, html_report, json_report, session, summary
+from attention_conformance.conformance import transport
+from attention_conformance.conformance import report as report_module
 from attention_conformance.conformance.report import REPRO_HEADING, CaseRecord, parse_shapes, shapes_text
 from attention_conformance.conformance.specdata import ROOT, clauses
 
@@ -43,7 +45,7 @@ def run_with_report(tmp_path, impl: str, *args: str, name: str = "r.json"):
                "--hypothesis-profile", "dev", "--conformance-report", str(report), "-W", "ignore::DeprecationWarning",
                *args]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=110, env=environment)
-    return done, report, summary.html_path(report)
+    return done, report, html_report.html_path(report)
 
 
 def validate(report: dict) -> None:
@@ -171,9 +173,11 @@ def test_the_page_escapes_text_and_survives_without_matplotlib(tmp_path, monkeyp
         monkeypatch.setitem(sys.modules, module, None)  # makes the import fail
     evil = "<script>alert('x')</script>"
     report = {
-        "schema_version": 2,
+        "schema_version": 3,
         "suite": {"name": "attention-conformance", "version": "0.1.0", "commit": None},
-        "exit_status": 1,
+        "exit_status": 2,
+        "complete": False,
+        "incomplete_reason": f"interrupted by SIGTERM {evil}",
         "environment": {"versions": {"python": "3.11.7", "torch": None},
                         "devices": {"cpu": "x86_64", "cuda": [f"cuda:0 {evil}"], "jax": ["gpu:0 H100"]},
                         "platform": "Linux"},
@@ -184,6 +188,8 @@ def test_the_page_escapes_text_and_survives_without_matplotlib(tmp_path, monkeyp
             "known_deviations": [{"clause": "sdpa.finite", "reason": evil}], "skip_reason": None,
         }],
         "summary": {evil: {"cases": 4, "judged": 3, "failed": 1, "passed": 1, "deviation": 1, "unsupported": 1,
+                           "operations": {"sdpa": {"judged": 3, "passed": 1, "failed": 1, "deviation": 1,
+                                                   "unsupported": 1}},
                            "unsupported_reasons": [{"reason": evil, "count": 1}]}},
         "cases": [
             {"test": "t", "implementation": evil, "clause": "sdpa.definition", "case": evil, "op": "sdpa",
@@ -211,6 +217,7 @@ def test_the_page_escapes_text_and_survives_without_matplotlib(tmp_path, monkeyp
     assert f"q=1x1x2x3 {html.escape(evil)}=()" in page  # the failure's shapes string
     assert f"cuda:0 {html.escape(evil)}" in page and "gpu:0 H100" in page  # device lists
     assert f"1 × {html.escape(evil)}" in page  # top unsupported reasons
+    assert f"interrupted by SIGTERM {html.escape(evil)}" in page and "judged per operation: sdpa 3" in page
 
 
 def _record(status="passed", message="", **fields):
@@ -243,7 +250,7 @@ def test_only_the_last_failure_of_a_group_keeps_its_repro():
     message = "[c] x\n  repro (run with python in the directory pytest ran in):\n    snippet"
     records = [_record("failed", message, case="a"), _record("failed", message, case="b"),
                _record("failed", message, case="c", dtype="float64"), _record()]
-    cases = summary._case_dicts(records)
+    cases = json_report._case_dicts(records)
     assert ["snippet" in c.get("message", "") for c in cases] == [False, True, True, False]
 
 
@@ -259,35 +266,72 @@ def _terminal_lines(monkeypatch) -> list[str]:
 def test_the_summary_counts_judged_and_unsupported_cases_with_their_reasons(kept_records, monkeypatch):
     long_reason = "needs H*Dk == E " + "and a great deal more " * 10
     checks.RECORDS[:] = (
-        [_record(implementation="kern") for _ in range(5)]
+        [_record(implementation="kern", case=f"p{i}") for i in range(5)]
         + [_record("failed", "[c] broken", implementation="kern"), _record("deviation", "declared", implementation="kern")]
         + [_record("unsupported", f"outside kern's declared region: head dim Dk {d} is outside 8..256 step 8\nmore",
-                   implementation="kern") for d in (12, 12, 20, 4)]
-        + [_record("unsupported", "kern raised NotImplementedError: no", implementation="kern") for _ in range(2)]
-        + [_record("unsupported", long_reason, implementation="kern")]
-        + [_record("unsupported", "something rare", implementation="kern")]
+                   implementation="kern", case=f"u{i}") for i, d in enumerate((12, 12, 20, 4))]
+        + [_record("unsupported", "kern raised NotImplementedError: no", implementation="kern", case=f"n{i}")
+           for i in range(2)]
+        + [_record("unsupported", long_reason, implementation="kern", case="long")]
+        + [_record("unsupported", "something rare", implementation="kern", op="softmax")]
         + [_record(implementation="plain")]
     )
     entry = summary.implementation_summary()["kern"]
     assert entry == {
         "cases": 15, "judged": 7, "passed": 5, "failed": 1, "deviation": 1, "unsupported": 8,
+        "operations": {"softmax": {"judged": 0, "passed": 0, "failed": 0, "deviation": 0, "unsupported": 1},
+                       "sdpa": {"judged": 7, "passed": 5, "failed": 1, "deviation": 1, "unsupported": 7}},
         "unsupported_reasons": [
             {"reason": "outside kern's declared region: head dim Dk <n> is outside 8..256 step 8", "count": 4},
             {"reason": "kern raised NotImplementedError: no", "count": 2},
             {"reason": " ".join(long_reason.split()), "count": 1},
         ],
     }
-    assert summary.implementation_summary()["plain"] == {"cases": 1, "judged": 1, "passed": 1, "failed": 0,
-                                                         "deviation": 0, "unsupported": 0}
+    assert summary.implementation_summary()["plain"] == {
+        "cases": 1, "judged": 1, "passed": 1, "failed": 0, "deviation": 0, "unsupported": 0,
+        "operations": {"sdpa": {"judged": 1, "passed": 1, "failed": 0, "deviation": 0, "unsupported": 0}}}
     lines = _terminal_lines(monkeypatch)
     assert lines[0] == "== attention conformance" and "not pytest tests" in lines[1]
     kern = lines.index(next(line for line in lines if line.startswith("kern ")))
-    assert lines[kern] == "kern               7 cases judged (5 passed, 1 failed, 1 deviation), 8 cases unsupported"
+    assert lines[kern] == ("kern               7 cases judged (5 passed, 1 failed, 1 deviation) = softmax 0 + sdpa 7; "
+                           "8 cases unsupported")
     reasons = lines[kern + 1]
     assert reasons.strip().startswith('unsupported: 4 "outside kern\'s declared region: head dim Dk <n>')
     assert '; 2 "kern raised NotImplementedError: no"; 1 "needs H*Dk == E and a great' in reasons
     assert reasons.endswith('..."; 1 for other reasons') and "\n" not in reasons
-    assert lines[kern + 2] == "plain              1 cases judged (1 passed)"
+    assert lines[kern + 2] == "plain              1 cases judged (1 passed, 0 failed) = sdpa 1"
+
+
+def test_a_replayed_example_is_one_case(kept_records, monkeypatch):
+    """Hypothesis replays examples (a covering corner it draws again, the final failing example): the summary, the
+    coverage rule and the report's cases count each (test, case, clause, status) once; the last record is kept."""
+    from attention_conformance.conformance import coverage
+
+    message = "[c] x\n  repro (run with python in the directory pytest ran in):\n    snippet"
+    checks.RECORDS[:] = [_record(case="a"), _record(case="a"), _record(case="b", ratio=0.5),
+                         _record("failed", "[c] first", case="f"), _record("failed", message, case="f"),
+                         _record(case="a", test="t[y]"), _record("unsupported", "no", case="a"),
+                         _record(case="b", ratio=0.25)]  # one case checked twice (each head alone, say)
+    entry = summary.implementation_summary()["impl"]
+    assert (entry["cases"], entry["judged"], entry["passed"], entry["failed"], entry["unsupported"]) == (5, 4, 3, 1, 1)
+    cases = json_report._case_dicts(report_module.distinct(checks.RECORDS))
+    assert [(c["test"], c["case"], c["status"]) for c in cases] == [
+        ("t[x]", "a", "passed"), ("t[x]", "b", "passed"), ("t[x]", "f", "failed"), ("t[y]", "a", "passed"),
+        ("t[x]", "a", "unsupported")]
+    assert "snippet" in cases[2]["message"]  # the last of the replays, with its repro
+    assert cases[1]["ratio"] == 0.5  # the worst of the checks of one case
+    judged, _ = coverage._judged_and_unsupported()
+    assert judged[("impl", "sdpa")] == 4
+
+
+def test_an_interrupted_run_says_so_first(kept_records, monkeypatch):
+    checks.RECORDS[:] = [_record()]
+    monkeypatch.setitem(session.STATE, "reason", "interrupted by SIGTERM")
+    lines = _terminal_lines(monkeypatch)
+    assert lines[:2] == ["== attention conformance", "INCOMPLETE: interrupted by SIGTERM; the counts below are of the "
+                         "cases judged before it (the report says complete: false)"]
+    monkeypatch.setitem(session.STATE, "reason", None)
+    assert not any("INCOMPLETE" in line for line in _terminal_lines(monkeypatch))
 
 
 class _FakeConfig:
@@ -298,7 +342,8 @@ class _FakeConfig:
 def test_workers_send_records_versions_and_devices_to_the_controller(kept_records, monkeypatch):
     """send_to_controller on two fake workers, receive_from_worker on the controller: records, versions, devices."""
     execnet = pytest.importorskip("execnet")
-    monkeypatch.setattr(summary, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
+    monkeypatch.setattr(environment, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
+    monkeypatch.setattr(transport, "RECEIVED", set())
     monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
     sent = _record("failed", "[c] x", max_abs_error=np.float64(1.5), allowed=0.0, ratio=float("inf"),
                    shapes={"q": (1, 2, 3, 4)})
@@ -307,36 +352,68 @@ def test_workers_send_records_versions_and_devices_to_the_controller(kept_record
     workers = []
     for torch_version, devices in (("2.13.0", {"cpu": "x86_64", "cuda": ["cuda:0 NVIDIA H100", "cuda:1 NVIDIA H100"]}),
                                    (None, {"cpu": "other", "cuda": ["cuda:0 NVIDIA H100"], "jax": ["gpu:0 NVIDIA H100"]})):
-        monkeypatch.setattr(summary, "local_environment", lambda v=torch_version, d=devices: {
+        monkeypatch.setattr(environment, "local_environment", lambda v=torch_version, d=devices: {
             "versions": {"python": "3.11", "numpy": "2.0", "torch": v, "jax": None}, "devices": d})
         config = _FakeConfig()
-        plugin.send_to_controller(config)
-        workers.append(SimpleNamespace(workeroutput=execnet.loads(execnet.dumps(config.workeroutput))))
+        transport.send_to_controller(config)
+        workers.append(SimpleNamespace(workeroutput=execnet.loads(execnet.dumps(config.workeroutput)),
+                                       workerinput={"workerid": f"gw{len(workers)}"}))
     # The real thing must be sendable too (execnet refuses a str subclass such as torch's version).
     monkeypatch.undo()
-    execnet.dumps(summary.local_environment())
-    monkeypatch.setattr(summary, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
+    execnet.dumps(environment.local_environment())
+    monkeypatch.setattr(environment, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
+    monkeypatch.setattr(transport, "RECEIVED", set())
     monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
 
     checks.RECORDS[:] = []
-    for node in reversed(workers):  # the worker without torch finishes first
-        plugin.receive_from_worker(node)
+    for node in reversed(workers):  # the worker without torch finishes first; xdist may report one down twice
+        transport.receive_from_worker(node)
+        transport.receive_from_worker(node)
     assert [rec.as_dict() for rec in checks.RECORDS] == [sent.as_dict()] * 2
     assert checks.RECORDS[0].ratio == float("inf") and checks.RECORDS[0].shapes == {"q": [1, 2, 3, 4]}
     assert list(agreement._OUTPUTS) == [("float32", "c")]
-    monkeypatch.setattr(summary, "local_environment", lambda: {
+    monkeypatch.setattr(environment, "local_environment", lambda: {
         "versions": {"python": "3.11", "numpy": "2.4", "torch": None, "jax": None, "hypothesis": "6"},
         "devices": {"cpu": "controller"}})
-    env = summary.environment()
+    env = environment.environment()
     assert env["versions"] == {"python": "3.11", "numpy": "2.4", "torch": "2.13.0", "jax": None, "hypothesis": "6"}
     assert env["devices"] == {"cpu": "controller", "cuda": ["cuda:0 NVIDIA H100", "cuda:1 NVIDIA H100"],
                               "jax": ["gpu:0 NVIDIA H100"]}
 
 
+def test_a_worker_streams_its_records_and_the_controller_reads_those_it_never_received(kept_records, monkeypatch,
+                                                                                       tmp_path):
+    """After each item a worker appends what it judged to its stream; a worker that never delivered its
+    workeroutput (interrupted, crashed) is read from it; one that did is not read twice."""
+    monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
+    monkeypatch.setattr(environment, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
+    monkeypatch.setattr(transport, "RECEIVED", {"gw1"})
+    monkeypatch.setattr(transport, "_DIRECTORY", {"path": str(tmp_path)})
+    first, second = _record(case="a"), _record("failed", "[c] x", case="b", ratio=float("inf"), shapes={"q": (1, 2)})
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": {}, "environment": None})
+        config = SimpleNamespace(workerinput={transport.STREAM_KEY: str(tmp_path), "workerid": worker})
+        checks.RECORDS[:] = [first]
+        transport.stream(config)
+        checks.RECORDS.append(second)
+        agreement.keep("c", "impl", "cpu", "float32", np.array([1.0], dtype=np.float32))
+        transport.stream(config)
+        transport.stream(config)  # nothing new: nothing written
+    with open(tmp_path / "gw0.jsonl", "a") as handle:
+        handle.write('{"record": {"test": "cut sho')  # the worker died mid-line
+    assert (tmp_path / "gw0.jsonl").read_text().count('"record"') == 3
+    checks.RECORDS[:] = []
+    assert transport.read_unreceived() == {"gw0": 2}
+    assert [rec.as_dict() for rec in checks.RECORDS] == [first.as_dict(), second.as_dict()]
+    assert checks.RECORDS[1].ratio == float("inf") and list(agreement._OUTPUTS) == [("float32", "c")]
+    assert environment.WORKER_ENVIRONMENT["versions"]["python"]
+    assert transport.read_unreceived() == {}  # read once
+
+
 def test_gzip_and_page_paths(tmp_path):
-    assert summary.html_path(Path("a/r.json.gz")) == Path("a/r.html") == summary.html_path(Path("a/r.json"))
-    report = {"schema_version": 2, "cases": [{"a": 1}, {"b": [1, 2]}], "agreement": []}
-    text = summary.dumps(report)
+    assert html_report.html_path(Path("a/r.json.gz")) == Path("a/r.html") == html_report.html_path(Path("a/r.json"))
+    report = {"schema_version": 3, "cases": [{"a": 1}, {"b": [1, 2]}], "agreement": []}
+    text = json_report.dumps(report)
     assert json.loads(text) == report and text.count("\n") == 8
 
 

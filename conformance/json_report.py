@@ -1,0 +1,97 @@
+"""The JSON conformance report (`--conformance-report PATH`, docs/report.md, docs/report-schema.json) and the HTML
+page beside it (conformance/html_report.py)."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from . import agreement, checks, coverage, environment, session, summary
+from .report import distinct
+from .specdata import ROOT
+
+SUITE_VERSION = "0.1.0"
+REPORT_SCHEMA_VERSION = 3
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def build_report(config, exitstatus) -> dict:
+    reason = session.stop_reason(detailed=True)
+    report = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "suite": {"name": "attention-conformance", "version": SUITE_VERSION, "commit": _commit()},
+        "exit_status": int(exitstatus),
+        "complete": reason is None,
+    }
+    if reason:
+        report["incomplete_reason"] = reason
+    report.update({
+        "environment": environment.environment(),
+        "implementations": [impl.describe() for impl in session.implementations(config)],
+        "summary": summary.implementation_summary(),
+        "coverage": config.stash.get(coverage.PROBLEMS_KEY, []),
+        "cases": _case_dicts(distinct(checks.RECORDS)),
+        "agreement": agreement.matrix(),
+    })
+    return report
+
+
+def _case_dicts(records) -> list[dict]:
+    """Every record, compacted (CaseRecord.as_dict); a failure's repro is kept in the last record of its group.
+
+    Hypothesis records every failing example it tries while shrinking and replays
+    the smallest last, so of the failures of one implementation, test, clause, op,
+    device and dtype only the last carries the repro snippet (the one the terminal
+    showed); the others keep their verdict, problem and worst element.
+    """
+    last = {}
+    for index, rec in enumerate(records):
+        if rec.status == "failed":
+            last[(rec.implementation, rec.test, rec.clause, rec.op, rec.device, rec.dtype)] = index
+    keep = set(last.values())
+    return [rec.as_dict(repro=rec.status != "failed" or index in keep) for index, rec in enumerate(records)]
+
+
+def dumps(report: dict) -> str:
+    """Compact JSON: no indentation, one line per top-level field and per case record (easy to grep and diff)."""
+    def one(value) -> str:
+        return json.dumps(value, separators=(",", ":"), default=float)
+
+    fields = []
+    for key, value in report.items():
+        if key == "cases" and value:
+            text = "[\n" + ",\n".join(one(case) for case in value) + "\n]"
+        else:
+            text = one(value)
+        fields.append(f"{one(key)}:{text}")
+    return "{\n" + ",\n".join(fields) + "\n}\n"
+
+
+def _write_whole(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` through a temporary file beside it: a run killed while writing leaves the
+    previous file or none, never half of one."""
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, target)
+
+
+def write_report(config, path: str, exitstatus) -> None:
+    """Write the JSON report to ``path`` (gzip-compressed when it ends in .gz) and the HTML page beside it."""
+    from . import html_report
+
+    report = build_report(config, exitstatus)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = dumps(report).encode("utf-8")
+    _write_whole(target, gzip.compress(data, mtime=0) if target.suffix == ".gz" else data)
+    html_report.write(report, html_report.html_path(target))

@@ -1,0 +1,207 @@
+"""What an xdist worker hands its controller: case records, kept fixture outputs, versions and devices.
+
+Two ways, so that a run stopped from outside loses nothing judged:
+
+* at its end, the worker sends everything in ``workeroutput`` (``send_to_controller``), which the controller merges
+  when the worker goes down (``receive_from_worker``, pytest_testnodedown);
+* after each test item, the worker also appends what it judged since the last item to its own file in a directory
+  of the run (``stream``: JSON lines, one record, output or environment per line). A worker that dies or is
+  interrupted without delivering its ``workeroutput`` (SIGTERM to the run, a crash, a CI timeout) leaves its file,
+  and the controller reads the files of the workers it has not heard from (``read_unreceived``) before it writes the
+  summary and the report.
+
+The controller names the directory (``open_stream_directory``, a fresh temporary directory per run) in each
+worker's ``workerinput`` and removes it at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import agreement, checks, environment
+from .report import CaseRecord
+
+STREAM_KEY = "attention_conformance_stream"  # workerinput: the directory of the run's streams
+RECEIVED: set[str] = set()  # the workers whose workeroutput the controller merged (by worker id)
+_DIRECTORY: dict = {"path": None}  # the controller's stream directory
+_WRITER: dict = {"records": 0, "outputs": {}, "environment": None}  # what a worker's stream has so far
+
+
+def is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _worker_id(config) -> str:
+    return str(config.workerinput.get("workerid", os.getpid()))
+
+
+# ------------------------------------------------------------------ the worker's side
+def announce(config) -> None:
+    """At the worker's start: its process id beside its stream, for the controller to stop it (stop_workers)."""
+    directory = config.workerinput.get(STREAM_KEY) if is_xdist_worker(config) else None
+    _WRITER.update(records=0, outputs={}, environment=None)
+    if directory:
+        try:
+            (Path(directory) / f"{_worker_id(config)}.pid").write_text(str(os.getpid()))
+        except OSError:
+            pass
+
+
+def _new_outputs():
+    """(dtype, case, name, values) of kept fixture outputs not yet written to the stream (marked written)."""
+    written = _WRITER["outputs"]  # (dtype, case) -> the names written
+    for key, outputs in agreement._OUTPUTS.items():
+        names = written.setdefault(key, set())
+        if len(names) == len(outputs):
+            continue
+        for name, out in outputs.items():
+            if name not in names:
+                names.add(name)
+                yield key[0], key[1], name, out
+
+
+def stream(config, final: bool = False) -> None:
+    """Append to this worker's stream what it judged since the last call (after each test item; ``final``: at the
+    worker's end, with its environment). Each line is flushed, so a worker killed a moment later leaves it."""
+    directory = config.workerinput.get(STREAM_KEY) if is_xdist_worker(config) else None
+    if not directory:
+        return
+    records = checks.RECORDS
+    start = min(_WRITER["records"], len(records))  # a self-check may put back fewer records than it found
+    lines = [json.dumps({"record": rec.transport()}, default=float) for rec in records[start:]]
+    _WRITER["records"] = len(records)
+    for dtype, case, name, out in _new_outputs():
+        lines.append(json.dumps({"output": [dtype, case, name, np.asarray(out, dtype=np.float64).tolist()]}))
+    if final or _WRITER["environment"] is None:
+        env = environment.local_environment()
+        if env != _WRITER["environment"]:
+            _WRITER["environment"] = env
+            lines.append(json.dumps({"environment": env}))
+    if not lines:
+        return
+    path = Path(directory) / f"{_worker_id(config)}.jsonl"
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+            handle.flush()
+    except OSError:
+        pass  # the controller removed the directory (it is finishing): workeroutput carries everything
+
+
+def send_to_controller(config) -> None:
+    """At the worker's end: its case records, kept outputs, versions and devices, in workeroutput."""
+    config.workeroutput["conformance_records"] = [rec.transport() for rec in checks.RECORDS]
+    config.workeroutput["conformance_environment"] = environment.local_environment()
+    config.workeroutput["conformance_outputs"] = [
+        [dtype, case, name, np.asarray(out).tolist()]
+        for (dtype, case), outputs in agreement._OUTPUTS.items()
+        for name, out in outputs.items()
+    ]
+
+
+# ------------------------------------------------------------------ the controller's side
+def open_stream_directory() -> str:
+    """The run's stream directory (made on the first call), for each worker's workerinput."""
+    if _DIRECTORY["path"] is None:
+        RECEIVED.clear()  # a new run (pytest.main may run several in one process)
+        _DIRECTORY["path"] = tempfile.mkdtemp(prefix="attention-conformance-run-")
+    return _DIRECTORY["path"]
+
+
+def _merge(records, env, outputs) -> None:
+    checks.RECORDS.extend(CaseRecord.from_transport(data) for data in records)
+    environment.merge_worker_environment(env or {})
+    for dtype, case, name, values in outputs:
+        agreement._OUTPUTS[(dtype, case)][name] = np.asarray(values, dtype=np.float64)
+
+
+def receive_from_worker(node) -> None:
+    """The controller merges what a finished worker sent, once per worker (xdist may report a worker down twice)."""
+    output = getattr(node, "workeroutput", None) or {}
+    if "conformance_records" not in output:
+        return  # it died before sending: read_unreceived reads its stream instead
+    worker = str(node.workerinput.get("workerid", id(node))) if hasattr(node, "workerinput") else str(id(node))
+    if worker in RECEIVED:
+        return
+    RECEIVED.add(worker)
+    _merge(output.get("conformance_records", []), output.get("conformance_environment"),
+           output.get("conformance_outputs", []))
+
+
+def read_unreceived() -> dict[str, int]:
+    """Merge the streams of the workers whose workeroutput never arrived; returns {worker id: records read}."""
+    directory = _DIRECTORY["path"]
+    read: dict[str, int] = {}
+    if not directory or not os.path.isdir(directory):
+        return read
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        worker = path.stem
+        if worker in RECEIVED:
+            continue
+        records, outputs, env = [], [], {}
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by the worker's death
+                if "record" in entry:
+                    records.append(entry["record"])
+                elif "output" in entry:
+                    outputs.append(entry["output"])
+                elif "environment" in entry:
+                    env = entry["environment"]
+        RECEIVED.add(worker)
+        _merge(records, env, outputs)
+        read[worker] = len(records)
+    return read
+
+
+def _is_my_child(pid: int) -> bool:
+    """Whether ``pid`` is a live child of this process (where /proc says; elsewhere, whether it is alive)."""
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        if stat.exists():
+            return int(stat.read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
+        os.kill(pid, 0)
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def stop_workers() -> list[str]:
+    """The controller was interrupted: SIGTERM each worker it has not heard from, so that it stops at once, streams
+    what it judged and exits (xdist would otherwise wait 10 s for a busy worker, then kill it). Returns their ids.
+
+    A worker stopped this way ends its session as interrupted (conformance/session.py), as under `timeout`, which
+    signals the whole process group."""
+    directory = _DIRECTORY["path"]
+    if not directory or not os.path.isdir(directory) or not hasattr(signal, "SIGTERM"):
+        return []
+    stopped = []
+    for path in sorted(Path(directory).glob("*.pid")):
+        if path.stem in RECEIVED:
+            continue
+        try:
+            pid = int(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _is_my_child(pid):
+            try:
+                os.kill(pid, signal.SIGTERM)
+                stopped.append(path.stem)
+            except OSError:
+                pass
+    return stopped
+
+
+def close_stream_directory() -> None:
+    directory, _DIRECTORY["path"] = _DIRECTORY["path"], None
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
