@@ -2,7 +2,8 @@
 
 Whatever an implementation does on one case stays with that case: an exception, a hang (a call
 past the call time limit), a write to its inputs, a result that is not an array or has the wrong
-shape or dtype each fails that case alone, naming the clause it breaks, and the session goes on.
+shape or dtype, a NaN or inf where the oracle's result is finite, each fails that case alone, naming
+the clause it breaks, and the session goes on.
 The implementation gets copies of the inputs, so the oracle and every later check read the values
 it was given even if it wrote to them. A case the implementation cannot run (outside its region,
 a keyword it lacks, NotImplementedError) is unsupported: skipped or rejected, never failed.
@@ -238,10 +239,12 @@ def unsupported(reason: str):
 
 class Containment:
     """Calls of the implementation for one case: under the call time limit, on copies of the inputs,
-    with the result checked against the contract (an array of the expected shape and dtype).
+    with the result checked against the contract (an array of the expected shape and dtype, finite
+    wherever the oracle is).
 
     A mixin of the Judge (judging.py), which supplies ``impl``, ``dtype``, ``device``, the verdicts
-    (``fail``, ``record``), the expected shape (``_expected_shape``) and ``surfaced_fault``.
+    (``fail``, ``record``, ``judge_non_finite``), what the oracle says (``_expected_shape``,
+    ``specified_elements``) and ``surfaced_fault``.
     """
 
     def require_support(self, case: Case, inputs: dict, op: str | None = None) -> None:
@@ -338,7 +341,8 @@ class Containment:
                           "verdicts would use the original values; an implementation must not write to its inputs")
 
     def _check_contract(self, case: Case, inputs: dict, got) -> np.ndarray:
-        """The result as the implementation returned it (or already converted): an array of the right shape and dtype."""
+        """The result as the implementation returned it (or already converted): an array of the right shape and dtype,
+        finite wherever the oracle is. Returns it as float64."""
         __tracebackhide__ = True
         want_shape = self._expected_shape(case, inputs)
         if not _is_array(got):
@@ -355,4 +359,24 @@ class Containment:
                 "sdpa.output-dtype", case, inputs,
                 f"output dtype {dtype_name(got.dtype)}, expected {self.dtype} (the input dtype)",
             )
-        return got.astype(np.float64)
+        got = got.astype(np.float64)
+        self._check_finite(case, inputs, got)
+        return got
+
+    def _check_finite(self, case: Case, inputs: dict, got: np.ndarray) -> None:
+        """No check passes on non-finite output where the oracle is finite.
+
+        A property that compares the implementation with itself (key permutation: NaN == NaN) or with a
+        bound (NaN < low and NaN > high are both False) would otherwise record a pass on an all-NaN
+        output; every result the suite obtains passes here first, so none can. Only the elements the
+        contract leaves unspecified may be NaN or inf: rows of a fully masked query under a declared
+        FULLY_MASKED_ROWS "nan", padding rows i >= query_lengths[b] (``specified_elements``). The verdict
+        is the one ``judge`` would give (``judge_non_finite``): sdpa.finite, softmax.large-inputs on a case
+        drawn for it, mask.fully-masked-row for a fully masked row; a declared deviation still applies.
+        """
+        __tracebackhide__ = True
+        if np.isfinite(got).all():
+            return  # the common case: no mask to compute
+        specified = self.specified_elements(case, inputs)
+        if (~np.isfinite(got) & specified).any():
+            self.judge_non_finite(case, inputs, got, specified)

@@ -137,8 +137,8 @@ class Judge(Containment, Attribution):
         self._last_expected = (inputs, policy, want)
         return want
 
-    # LargeShapeJudge (conformance/test_large_shapes.py) overrides these three with
-    # blocked versions that never build an (Lq, Lk) array; the verdicts stay here.
+    # LargeShapeJudge (conformance/test_large_shapes.py) overrides these three and specified_elements
+    # with blocked versions that never build an (Lq, Lk) array; the verdicts stay here.
     def _expected_shape(self, case: Case, inputs: dict) -> tuple[int, ...]:
         return self._expected(case, inputs, self.policy(case, inputs)).shape
 
@@ -159,6 +159,17 @@ class Judge(Containment, Attribution):
         """Output elements with nothing to check: the oracle has no value there (the 'nan' policy) or the row is padding."""
         padded = ~np.broadcast_to(self.judged_rows(case, inputs)[..., None], want.shape) if case.op == "sdpa" else False
         return np.isnan(want) | padded
+
+    def specified_elements(self, case: Case, inputs: dict) -> np.ndarray:
+        """Boolean, broadcastable to the output: the elements the contract gives a value, which every result must
+        give finite (Containment._check_finite).
+
+        All but the oracle's NaN (rows of a fully masked query under a declared 'nan' policy, in sdpa and in MHA;
+        a softmax slice of -inf only) and padding rows (sdpa.varlen). Elsewhere the oracle is finite: on finite
+        inputs each output element is a convex combination of values of v (projected, for MHA), a softmax weight,
+        or 0. Read from the oracle's output, which the contract check has already computed for the expected shape.
+        """
+        return ~self._unjudged(case, inputs, self._expected(case, inputs, self.policy(case, inputs)))
 
     def _oracle(self, case: Case, inputs: dict, policy: str) -> tuple[np.ndarray, np.ndarray]:
         """(expected output, allowed error broadcast to it) under the fully-masked-rows policy."""
@@ -243,21 +254,7 @@ class Judge(Containment, Attribution):
         policy = self.policy(case, inputs)
         want, allowed = self._oracle(case, inputs, policy)
         want_nan = self._unjudged(case, inputs, want)  # padding rows (query_lengths) are not judged either
-        empty = np.zeros((), dtype=bool)
-        if case.op == "sdpa":
-            empty = self._fully_masked_rows(case, inputs)
-            if empty.any():
-                self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
-        bad = ~np.isfinite(got) & ~want_nan
-        if bad.any():
-            index = tuple(int(i) for i in np.argwhere(bad)[0])
-            # On large-magnitude inputs a NaN or inf is the overflow the large-inputs clause forbids.
-            finite_clause = "softmax.large-inputs" if "softmax.large-inputs" in case.clauses else "sdpa.finite"
-            self.fail(
-                finite_clause, case, inputs,
-                f"{int(bad.sum())} non-finite output element(s) where the oracle is finite",
-                f"index {index}: got {got[index]}, oracle {want[index]:.9g}", attribute=False,
-            )
+        empty = self._judge_specified_values(case, inputs, got, want, allowed, policy, ~want_nan)
         if case.op == "softmax":
             x = widen(inputs)["x"]
             leaked = np.isneginf(x) & (got != 0)
@@ -299,6 +296,37 @@ class Judge(Containment, Attribution):
             )
         RECORDS.append(record)
         return record
+
+    def _judge_specified_values(self, case: Case, inputs: dict, got: np.ndarray, want: np.ndarray,
+                                allowed: np.ndarray, policy: str, specified: np.ndarray) -> np.ndarray:
+        """Fully masked rows under the declared policy, then no NaN or inf where ``specified``; returns the (B, Hq, Lq)
+        fully masked rows of an sdpa case (a 0-d False otherwise)."""
+        __tracebackhide__ = True
+        empty = np.zeros((), dtype=bool)
+        if case.op == "sdpa":
+            empty = self._fully_masked_rows(case, inputs)
+            if empty.any():
+                self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
+        bad = ~np.isfinite(got) & specified
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            # On large-magnitude inputs a NaN or inf is the overflow the large-inputs clause forbids.
+            finite_clause = "softmax.large-inputs" if "softmax.large-inputs" in case.clauses else "sdpa.finite"
+            self.fail(
+                finite_clause, case, inputs,
+                f"{int(bad.sum())} non-finite output element(s) where the oracle is finite",
+                f"index {index}: got {got[index]}, oracle {want[index]:.9g}", attribute=False,
+            )
+        return empty
+
+    def judge_non_finite(self, case: Case, inputs: dict, got: np.ndarray, specified: np.ndarray) -> None:
+        """The verdict on a result with a NaN or inf where ``specified`` (the contract check found it): the one
+        ``judge`` gives, fully masked rows' own clause first, then sdpa.finite; raised at the contract check, before
+        any property compares the result with anything, so that none can record a pass on it."""
+        __tracebackhide__ = True
+        policy = self.policy(case, inputs)
+        want, allowed = self._oracle(case, inputs, policy)
+        self._judge_specified_values(case, inputs, got, want, allowed, policy, specified)
 
     def _judge_fully_masked(self, case, inputs, got, want, allowed, empty, policy):
         __tracebackhide__ = True

@@ -134,9 +134,13 @@ def _expected(inputs: dict, judge: Judge):
 
 
 def _worst(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
+    """(error, error / allowed error, index of the worst element). A NaN or inf where the analytic backward is finite
+    is the worst element whatever the allowance (no gradient check passes on one, even where the allowance itself
+    came out NaN or inf)."""
     error = np.abs(got - want)
     error = np.where(np.isnan(error), np.inf, error)
     ratio = np.where(allowed > 0, error / np.where(allowed > 0, allowed, 1.0), np.where(error > 0, np.inf, 0.0))
+    ratio = np.where(~np.isfinite(got) & np.isfinite(want), np.inf, ratio)
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
     return error, ratio, worst
 
@@ -160,7 +164,8 @@ def _per_head_gradients_agree(judge: Judge, case: Case, inputs: dict, name: str)
 def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "dv", "dmask")) -> None:
     """Forward first (sdpa.definition), then each gradient in ``order`` against the analytic backward.
 
-    dK / dV failures of a grouped-query case name grad.gqa-sum when the per-head
+    A NaN or inf where the analytic backward is finite fails the gradient's clause (as a NaN or inf in the
+    forward output fails sdpa.finite, in ``judge``). dK / dV failures of a grouped-query case name grad.gqa-sum when the per-head
     gradients (kv heads repeated to Hq) agree with the oracle.
     """
     __tracebackhide__ = True
@@ -187,17 +192,20 @@ def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "
                 else:
                     note = "; it also disagrees with the kv heads repeated to Hq (no GQA)"
             index = tuple(int(i) for i in worst)
+            problem = (f"{name} = dL/d{INPUT_OF[name]}: max abs error {float(error.max()):.3e} exceeds the allowed "
+                       f"error (worst element: error {error[worst]:.3e} > allowed {allowed[name][worst]:.3e}, "
+                       f"{ratio[worst]:.3g}x the {judge.dtype} sdpa_backward tolerance of spec/tolerances.yaml){note}")
+            non_finite = ~np.isfinite(got[name]) & np.isfinite(want[name])
+            if non_finite.any():
+                index = tuple(int(i) for i in np.argwhere(non_finite)[0])
+                problem = (f"{name} = dL/d{INPUT_OF[name]}: {int(non_finite.sum())} non-finite element(s) where the "
+                           f"analytic backward is finite{note}")
             # The record carries the figures, so the report's plot shows the case above its line at 1.
             record = judge.new_record(case, clause, "failed", max_abs_error=float(error.max()),
                                       allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))
-            judge.fail(
-                clause, case, inputs,
-                f"{name} = dL/d{INPUT_OF[name]}: max abs error {float(error.max()):.3e} exceeds the allowed error "
-                f"(worst element: error {error[worst]:.3e} > allowed {allowed[name][worst]:.3e}, "
-                f"{ratio[worst]:.3g}x the {judge.dtype} sdpa_backward tolerance of spec/tolerances.yaml){note}",
-                f"{name} index {index}: got {got[name][worst]:.9g}, analytic backward {want[name][worst]:.9g}",
-                record=record,
-            )
+            judge.fail(clause, case, inputs, problem,
+                       f"{name} index {index}: got {got[name][index]:.9g}, analytic backward {want[name][index]:.9g}",
+                       record=record)
         judge.record(case, clause, "passed", max_abs_error=float(error.max()),
                      allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))
 

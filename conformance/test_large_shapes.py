@@ -130,8 +130,8 @@ def oracle_block(case: Case) -> int:
 class LargeShapeJudge(Judge):
     """Judge's containment, verdicts, failure messages and records, with every oracle call blocked.
 
-    Judge's own expected shape, fully-masked rows and oracle evaluate the full
-    oracle, which builds (Lq, Lk) arrays (2 GiB each at 16k x 16k); these do not.
+    Judge's own expected shape, fully-masked rows, specified elements and oracle evaluate
+    the full oracle, which builds (Lq, Lk) arrays (2 GiB each at 16k x 16k); these do not.
     """
 
     call_timeout = CASE_TIMEOUT_S  # a correct call at Lk 16k takes seconds on a CPU, not the default 30 s limit
@@ -143,6 +143,15 @@ class LargeShapeJudge(Judge):
         # Only shapes and the mask matter: the inputs need no widening.
         return oracle_blocked.fully_masked_rows(inputs["q"], inputs["k"], inputs.get("mask"),
                                                 bool(inputs.get("is_causal", False)), block=oracle_block(case))
+
+    def specified_elements(self, case: Case, inputs: dict) -> np.ndarray:
+        # Where a result must be finite, read from the rows instead of the oracle's output (the contract check asks
+        # before any verdict): the oracle is finite but in padding rows (judged_rows; none without query_lengths)
+        # and in fully masked rows under a declared 'nan' policy (blocked: no (Lq, Lk) array).
+        specified = self.judged_rows(case, inputs)[..., None]
+        if self.policy(case, inputs) == "nan":
+            specified = specified & ~self._fully_masked_rows(case, inputs)[..., None]
+        return specified
 
     def _oracle(self, case: Case, inputs: dict, policy: str) -> tuple[np.ndarray, np.ndarray]:
         a = widen(inputs)

@@ -275,3 +275,106 @@ def test_breaks_lead_with_the_clause_failed_on_the_smallest_case():
                rec("causal.top-left", (1, 1, 4, 4)), rec("mask.broadcast", (1, 1, 1, 1), status="passed"),
                rec("softmax.large-inputs", (1, 1, 3, 3))]
     assert checks.breaks_order(records) == {"impl": ["causal.top-left", "softmax.large-inputs", "sdpa.definition"]}
+
+
+# ------------------------------------------------------------ non-finite results (sdpa.finite)
+class NaNWhenCausal:
+    """Right, except that a causal call returns NaN everywhere."""
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        from examples.my_attention import sdpa
+
+        out = sdpa(q, k, v, mask, is_causal, scale)
+        return np.full_like(out, np.nan) if is_causal else out
+
+
+class NaNWhenCausalDeclared(NaNWhenCausal):
+    KNOWN_DEVIATIONS = [{"clause": "sdpa.finite", "when": lambda facts: facts["is_causal"],
+                         "reason": "NaN under is_causal (a known kernel bug)"}]
+
+
+def test_a_non_finite_result_fails_at_the_call_before_any_property_compares_it(kept_records):
+    """Judge.run refuses it: a property comparing the result with itself (NaN == NaN) never sees it."""
+    judge = Judge(from_object(NaNWhenCausal, "nan_when_causal", "x:NaNWhenCausal"), "float64", "cpu")
+    got, _ = judge.run(sdpa_case())  # not causal: a finite, right result
+    assert np.isfinite(got).all()
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.run(sdpa_case(("sdpa.key-permutation-invariance",), is_causal=True))
+    message = str(raised.value)
+    assert raised.value.clause == "sdpa.finite" and raised.value.record.status == "failed"
+    assert "6 non-finite output element(s) where the oracle is finite" in message  # (1, 1, 3, 2), every element
+    assert "index (0, 0, 0, 0): got nan, oracle" in message
+
+
+def test_a_declared_sdpa_finite_deviation_still_applies_at_the_call(kept_records):
+    judge = Judge(from_object(NaNWhenCausalDeclared, "declared", "x:NaNWhenCausalDeclared"), "float64", "cpu")
+    with pytest.raises(pytest.xfail.Exception, match="declared deviation: sdpa.finite: NaN under is_causal"):
+        judge.run(sdpa_case(is_causal=True))
+    assert checks.RECORDS[-1].status == "deviation" and checks.RECORDS[-1].clause == "sdpa.finite"
+
+
+def test_large_inputs_name_their_clause_at_the_call(kept_records):
+    x = np.array([[800.0, 0.0, -3.0], [1.0, 2.0, 3.0]])
+    judge = Judge(load_implementation("zoo.broken_softmax_no_max_sub"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.run(Case("softmax", {"x": x}, ("softmax.large-inputs",), "one row above exp's range"))
+    assert raised.value.clause == "softmax.large-inputs"
+
+
+def test_a_nan_in_a_fully_masked_row_breaks_the_fully_masked_row_clause_at_the_call(kept_records):
+    """The same verdict judge() gives: the row breaks the declared (here the canonical 'zeros') policy."""
+    class NaNFullyMaskedRows:
+        @staticmethod
+        def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+            from zoo import correct_nan_fully_masked
+
+            return correct_nan_fully_masked.sdpa(q, k, v, mask, is_causal, scale)  # declares nothing: 'zeros'
+
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+    judge = Judge(from_object(NaNFullyMaskedRows, "nan_rows", "x:NaNFullyMaskedRows"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.run(sdpa_case(("sdpa.key-permutation-invariance",), mask=mask))
+    assert raised.value.clause == "mask.fully-masked-row"
+
+
+def test_nan_where_the_contract_leaves_the_value_open_passes(kept_records):
+    """A fully masked row under a declared 'nan' policy, and padding rows i >= query_lengths[b], may be NaN."""
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+    judge = Judge(load_implementation("zoo.correct_nan_fully_masked"), "float64", "cpu")
+    got, _ = judge.check(sdpa_case(mask=mask))
+    assert np.isnan(got[0, 0, 1]).all() and np.isfinite(got[0, 0, [0, 2]]).all()
+
+    class NaNPadding:
+        @staticmethod
+        def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, query_lengths=None, key_lengths=None):
+            from attention_conformance.conformance import oracle
+
+            out = oracle.sdpa(q, k, v, mask, is_causal, scale, query_lengths=query_lengths, key_lengths=key_lengths)
+            return np.where(oracle.judged_rows(q, query_lengths)[..., None], out, np.nan).astype(q.dtype)
+
+    judge = Judge(from_object(NaNPadding, "nan_padding", "x:NaNPadding"), "float64", "cpu")
+    got, _ = judge.check(sdpa_case(("sdpa.varlen",), query_lengths=np.array([2], np.int32)))
+    assert np.isnan(got[0, 0, 2]).all() and np.isfinite(got[0, 0, :2]).all()
+
+
+def test_the_large_shape_judge_refuses_nan_without_the_full_oracle(kept_records, monkeypatch):
+    """It derives where a result must be finite from the rows (no (Lq, Lk) array)."""
+    from attention_conformance.conformance.test_large_shapes import LargeShapeJudge, Shape, make_case
+
+    def no_full_oracle(*args, **kwargs):
+        raise AssertionError("the large-shape judge built the full oracle")
+
+    monkeypatch.setattr(Judge, "_expected", no_full_oracle)
+    impl = from_object(NaNWhenCausal, "nan_when_causal", "x:NaNWhenCausal")
+    shape = Shape("tiny", 1, 2, 1, 5, 7, 4, "key-padding", True, ("sdpa.definition",))
+    judge = LargeShapeJudge(impl, "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.run(make_case(shape))
+    assert raised.value.clause == "sdpa.finite"
+    assert "40 non-finite output element(s) where the oracle is finite" in str(raised.value)  # 1 * 2 * 5 * 4
+    finite = make_case(Shape("tiny", 1, 2, 1, 5, 7, 4, "key-padding", False, ("sdpa.definition",)))
+    got, inputs = judge.run(finite)
+    judge.judge(finite, got, inputs)

@@ -114,3 +114,19 @@ def test_a_gradient_beyond_its_tolerance_is_kept_with_its_ratio(kept_records):
     assert raised.value.clause == "grad.sdpa-k" and record.status == "failed"
     assert record.ratio > 1 and record.max_abs_error > record.allowed > 0
     assert [rec for rec in checks.RECORDS if rec.status == "failed"] == [record]
+
+
+def test_a_nan_gradient_is_named_as_non_finite(kept_records):
+    """Not an error 'beyond the tolerance': the count of NaN elements, the first one, and the analytic value there."""
+    pytest.importorskip("torch")
+    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+
+    case = sdpa_case(("grad.sdpa-q",))
+    case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 1, 3, 2))
+    judge = GradientJudge(load_implementation("tests.nan_standins:TorchNaNGradient"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge_gradients(judge, case, case.rounded("float64"))
+    assert raised.value.clause == "grad.sdpa-q"
+    message = str(raised.value)
+    assert "dq = dL/dq: 12 non-finite element(s) where the analytic backward is finite" in message  # (1, 1, 3, 4)
+    assert "dq index (0, 0, 0, 0): got nan, analytic backward" in message
