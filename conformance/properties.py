@@ -24,6 +24,8 @@ random examples, as before (each new shape compiles).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import re
 import time
@@ -47,6 +49,21 @@ FLOOR_PER_PROPERTY = 12  # judged examples per property for a narrow or compilin
 BRIEF_CORNERS = (1, 2, 4)
 BRIEF_CORNERS_COMPILED = (1,)
 SHRINK_BUDGET_S = 15.0  # how long Hypothesis may shrink a failing example (the per-test limit is 120 s)
+
+
+# A self-check that runs many properties on many correct implementations in one test (tests/battery.py) runs
+# the brief covering set and no floor everywhere: the full set is what a user's run gets.
+_BRIEF_EVERYWHERE = contextvars.ContextVar("brief_covering_everywhere", default=False)
+
+
+@contextlib.contextmanager
+def brief_covering_everywhere():
+    """While active, every property runs its brief covering set and no floor."""
+    token = _BRIEF_EVERYWHERE.set(True)
+    try:
+        yield
+    finally:
+        _BRIEF_EVERYWHERE.reset(token)
 
 
 class ShrinkingStopped(BaseException):
@@ -89,12 +106,13 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
         # Hypothesis keeps the profile chosen at decoration on the test; a budget of its own for this call only.
         base = test._hypothesis_internal_use_settings
         checks.reset_support_counts()
+        depth = "brief" if _BRIEF_EVERYWHERE.get() else covering_set
         try:
             with drawing_inside(region):
-                corners = covering_corners(impl, region, covering_set)
+                corners = covering_corners(impl, region, depth)
                 judged = run_covering_set(test, corners, args, kwargs)
                 examples = random_examples(impl, region, base.max_examples, judged, min_jit_examples,
-                                           floor=FLOOR_PER_PROPERTY if covering_set == "full" else 0)
+                                           floor=FLOOR_PER_PROPERTY if depth == "full" else 0)
                 test._hypothesis_internal_use_settings = settings(base, max_examples=examples)
                 with bounded_failure(test):
                     return test(*args, **kwargs)

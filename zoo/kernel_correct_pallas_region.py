@@ -13,7 +13,9 @@ from zoo import kernel_correct as kernel
 BUG = "none"
 SOURCE = "zoo extra: the region of jax.experimental.pallas.ops.gpu.attention.mha (block 128, head dims % 16)"
 EXPECTED_CLAUSES = frozenset()
-DTYPES = kernel.DTYPES
+# float16 is judged on the same flash stand-in under the flash region (kernel_correct); here float32 and bfloat16
+# keep the self-check's battery of this member (every length a multiple of 128) within its per-test limit.
+DTYPES = ("float32", "bfloat16")
 SUPPORTS = {
     "head_dims": {"min": 16, "max": 256, "multiple": 16},
     "value_head_dim": "same",
