@@ -10,8 +10,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import checks, session
-# tests/test_array_adapters.py reads local_environment here; its home is environment.py.
-from .environment import local_environment  # noqa: F401
 from .report import JUDGED, distinct
 
 OPERATIONS = ("softmax", "sdpa", "multi_head_attention")  # the contract's order, for the per-operation counts

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import plugin, summary, test_gradients
+from attention_conformance.conformance import environment, plugin, summary, test_gradients
 from attention_conformance.conformance.specdata import ROOT
 from attention_conformance.implementations import _arrays
 
@@ -130,7 +130,7 @@ def test_the_other_modules_derive_devices_versions_and_gradients_from_the_adapte
     assert test_gradients._without_autodiff(toy_impl) is None
     assert test_gradients._without_autodiff(numpy_impl) == (
         "gradients are checked for ARRAY 'torch' or 'jax' or 'toy'; n has ARRAY 'numpy'")
-    versions = summary.local_environment()["versions"]
+    versions = environment.local_environment()["versions"]
     assert "toy_framework_not_imported" in versions and versions["toy_framework_not_imported"] is None
     assert list(versions)[:2] == ["python", "numpy"] and versions["numpy"] == np.__version__
     monkeypatch.delitem(_arrays.ARRAY_KINDS, "toy")
