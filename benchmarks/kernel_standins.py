@@ -74,14 +74,16 @@ def one_run(member: str, exitfirst: bool = False) -> dict:
         for number, status in re.findall(r"(\d+) (?:cases )?(passed|failed|deviation|unsupported)", found["counts"]):
             counts[status] = int(number)
     breaks = BREAKS_LINE.search(out)
+    # Under xdist, -x ends the run as interrupted (exit 2): a run stopped at its first failure is a rejection.
+    exit_code = 1 if exitfirst and done.returncode == 2 and "\nFAILED " in out else done.returncode
     return {
         "member": member,
-        "exit": done.returncode,
+        "exit": exit_code,
         "wall_s": round(wall, 2),
         "judged": counts["passed"] + counts["failed"] + counts["deviation"],
         "counts": dict(counts),
         "clauses": breaks["clauses"].split(", ") if breaks else [],
-        "tail": "" if done.returncode in (0, 1) else out[-2000:],
+        "tail": "" if exit_code in (0, 1) else out[-2000:],
     }
 
 
