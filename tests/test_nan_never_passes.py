@@ -43,9 +43,11 @@ def run_standins(log: Path, paths: list[str], standins, *options: str) -> tuple[
     """Run ``paths`` on the stand-ins; returns (test id -> outcome, stand-in NAME -> test ids that got a NaN)."""
     log.unlink(missing_ok=True)
     impls = [arg for name in standins for arg in ("--impl", f"tests.nan_standins:{name}")]
-    # -rA lists every test with its outcome; the tracebacks of some hundred failures are not needed.
+    # -rA lists every test with its outcome; the tracebacks of some hundred failures are not needed. The calls are
+    # small: one BLAS thread (a second one only contends with the other xdist worker of a self-check run).
+    single_thread = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     done = pytest_run(*paths, *impls, "--hypothesis-seed", "0", "-rA", "--tb=no", *options,
-                      env={nan_standins.LOG_VARIABLE: str(log), "PYTEST_CURRENT_TEST": ""})
+                      env={nan_standins.LOG_VARIABLE: str(log), "PYTEST_CURRENT_TEST": "", **single_thread})
     outcomes = {m.group(2): m.group(1) for m in map(OUTCOME.match, done.stdout.splitlines()) if m}
     assert outcomes, f"no test outcome in the run's output:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     noted = collections.defaultdict(set)
