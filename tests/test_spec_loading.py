@@ -131,10 +131,11 @@ def test_every_clause_is_exercised_somewhere():
     """Each clause is named by a fixture or a property test (no clause is decoration)."""
     import inspect
 
-    from attention_conformance.conformance import checks, test_dropout, test_gradients, test_mha, test_properties
+    from attention_conformance.conformance import (attribution, containment, judging, test_dropout, test_gradients,
+                                                   test_mha, test_properties)
 
     named = {c for fx in fixtures() for c in fx.clauses}
-    sources = inspect.getsource(test_properties) + inspect.getsource(checks) + inspect.getsource(test_mha)
+    sources = inspect.getsource(test_properties) + inspect.getsource(containment) + inspect.getsource(judging) + inspect.getsource(attribution) + inspect.getsource(test_mha)
     from attention_conformance.conformance import strategies
 
     sources += inspect.getsource(strategies) + inspect.getsource(test_gradients) + inspect.getsource(test_dropout)
