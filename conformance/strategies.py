@@ -265,7 +265,12 @@ def sdpa_cases(
         dv = dk
     else:
         dv = wanted_dv if wanted_dv is not None and admits(dims, wanted_dv) else draw(dims, label="Dv")
-    kind = kinds[hint("mask") % len(kinds)] if hint("mask") is not None else draw(st.sampled_from(kinds), label="mask")
+    if hint("mask_kind") in kinds:
+        kind = hint("mask_kind")
+    elif hint("mask") is not None:
+        kind = kinds[hint("mask") % len(kinds)]
+    else:
+        kind = draw(st.sampled_from(kinds), label="mask")
     magnitudes = st.sampled_from(sigmas)
     sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
                                                                                       label="score magnitude")
