@@ -78,13 +78,18 @@ def hinted(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def building(hints: dict):
-    """Strategies built inside take these hints (conformance/strategies.py reads them with ``hint``)."""
-    token = _HINTS.set(hints)
+def context_value(variable: contextvars.ContextVar, value):
+    """``variable`` set to ``value`` while active."""
+    token = variable.set(value)
     try:
         yield
     finally:
-        _HINTS.reset(token)
+        variable.reset(token)
+
+
+def building(hints: dict):
+    """Strategies built inside take these hints (conformance/strategies.py reads them with ``hint``)."""
+    return context_value(_HINTS, hints)
 
 
 # ------------------------------------------------------------------ strategy introspection

@@ -24,7 +24,6 @@ random examples, as before (each new shape compiles).
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import re
@@ -56,14 +55,9 @@ SHRINK_BUDGET_S = 15.0  # how long Hypothesis may shrink a failing example (the 
 _BRIEF_EVERYWHERE = contextvars.ContextVar("brief_covering_everywhere", default=False)
 
 
-@contextlib.contextmanager
 def brief_covering_everywhere():
     """While active, every property runs its brief covering set and no floor."""
-    token = _BRIEF_EVERYWHERE.set(True)
-    try:
-        yield
-    finally:
-        _BRIEF_EVERYWHERE.reset(token)
+    return covering.context_value(_BRIEF_EVERYWHERE, True)
 
 
 class ShrinkingStopped(BaseException):

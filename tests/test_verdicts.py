@@ -99,17 +99,24 @@ def test_a_key_whose_float64_weight_underflows_still_counts_under_a_large_bfloat
     Judge(load_implementation(name), "bfloat16", "cpu").check(case)
 
 
-def test_a_gradient_beyond_its_tolerance_is_kept_with_its_ratio(kept_records):
-    """A failed gradient case carries its error, allowed error and ratio, so the report's plot draws it above 1."""
+def gradient_failure(spec: str):
+    """The failure (pytest's ExceptionInfo) of a torch implementation's gradients on a small case."""
     pytest.importorskip("torch")
-    from attention_conformance.conformance import checks
     from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
 
     case = sdpa_case(("grad.sdpa-q",))
     case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 1, 3, 2))
-    judge = GradientJudge(load_implementation("zoo.broken_backward_dk_no_scale"), "float64", "cpu")
+    judge = GradientJudge(load_implementation(spec), "float64", "cpu")
     with pytest.raises(ConformanceFailure) as raised:
         judge_gradients(judge, case, case.rounded("float64"))
+    return raised
+
+
+def test_a_gradient_beyond_its_tolerance_is_kept_with_its_ratio(kept_records):
+    """A failed gradient case carries its error, allowed error and ratio, so the report's plot draws it above 1."""
+    from attention_conformance.conformance import checks
+
+    raised = gradient_failure("zoo.broken_backward_dk_no_scale")
     record = raised.value.record
     assert raised.value.clause == "grad.sdpa-k" and record.status == "failed"
     assert record.ratio > 1 and record.max_abs_error > record.allowed > 0
@@ -118,14 +125,7 @@ def test_a_gradient_beyond_its_tolerance_is_kept_with_its_ratio(kept_records):
 
 def test_a_nan_gradient_is_named_as_non_finite(kept_records):
     """Not an error 'beyond the tolerance': the count of NaN elements, the first one, and the analytic value there."""
-    pytest.importorskip("torch")
-    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
-
-    case = sdpa_case(("grad.sdpa-q",))
-    case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 1, 3, 2))
-    judge = GradientJudge(load_implementation("tests.nan_standins:TorchNaNGradient"), "float64", "cpu")
-    with pytest.raises(ConformanceFailure) as raised:
-        judge_gradients(judge, case, case.rounded("float64"))
+    raised = gradient_failure("tests.nan_standins:TorchNaNGradient")
     assert raised.value.clause == "grad.sdpa-q"
     message = str(raised.value)
     assert "dq = dL/dq: 12 non-finite element(s) where the analytic backward is finite" in message  # (1, 1, 3, 4)
