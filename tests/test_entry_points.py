@@ -9,6 +9,7 @@ PYTHONPATH=DIR, which is all importlib.metadata needs to find its entry point.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,7 +83,7 @@ def test_the_entry_point_implementation_is_validated(site):
     assert any("thirdparty_sdpa-cpu-float64" in line for line in passed), done.stdout[-3000:]
     summary = done.stdout.split("attention conformance", 1)[-1]
     assert "thirdparty_sdpa" in summary and " passed" in summary
-    assert "failed" not in summary.split("short test summary")[0]
+    assert not re.search(r"\b[1-9]\d* (cases )?failed", summary.split("short test summary")[0]), summary
 
 
 def test_the_environment_variable_names_the_implementations(tmp_path):
