@@ -111,6 +111,7 @@ def test_budget_floor_for_narrow_or_compiling_implementations_only():
     assert properties.random_examples(broad, broad.region, 25, 8, 1) == 17
     # A narrow one reaches FLOOR_PER_PROPERTY judged examples per property.
     assert properties.random_examples(narrow, narrow.region, 10, 5, 1) == properties.FLOOR_PER_PROPERTY - 5
+    assert properties.random_examples(narrow, narrow.region, 10, 5, 1, floor=properties.NARROW_FLOOR_PER_PROPERTY) == 20
     assert properties.random_examples(narrow, narrow.region, 10, 5, 1, floor=0) == 5
 
 
