@@ -37,7 +37,6 @@ from hypothesis.errors import HypothesisException, Unsatisfiable
 from attention_conformance.implementations._region import EVERYTHING
 
 from . import checks, covering
-from .report import ConformanceFailure
 from .strategies import _small_shapes_inside, drawing_inside
 
 JIT_EXAMPLE_DIVISOR = 10  # see README, "Speed": XLA compiles once per distinct input signature
@@ -256,4 +255,4 @@ def _keep_final_failures(start: int) -> None:
     checks.RECORDS.extend(final.values())
 
 
-__all__ = ["property_test", "ShrinkingStopped", "ConformanceFailure"]
+__all__ = ["property_test", "ShrinkingStopped"]
