@@ -552,8 +552,16 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
 
         from torch.nn.attention.flex_attention import flex_attention
 
+        import torch._dynamo
+        import torch.fx.experimental._config as fx_config
+
         def eager(*args, **kwargs):
-            with warnings.catch_warnings():
+            # Eager flex still traces its call with dynamo (backend "eager"), once per new guard set. Shapes
+            # dynamic from the first call and no 0/1 specialisation: 104 -> 43 traces of 0.2 s in a default run
+            # (24.7 s -> 14.3 s inside this built-in's calls). The traced graph calls the same aten ops on the
+            # same tensors, so what is judged does not change; the patches are scoped to this call.
+            with warnings.catch_warnings(), torch._dynamo.config.patch(assume_static_by_default=False), \
+                    fx_config.patch(backed_size_oblivious=True):
                 # "flex_attention called without torch.compile()": intended here (see the class docstring).
                 warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
                 return flex_attention(*args, **kwargs)
