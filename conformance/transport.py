@@ -2,13 +2,15 @@
 
 Two ways, so that a run stopped from outside loses nothing judged:
 
-* at its end, the worker sends everything in ``workeroutput`` (``send_to_controller``), which the controller merges
-  when the worker goes down (``receive_from_worker``, pytest_testnodedown);
-* after each test item, the worker also appends what it judged since the last item to its own file in a directory
-  of the run (``stream``: JSON lines, one record, output or environment per line). A worker that dies or is
-  interrupted without delivering its ``workeroutput`` (SIGTERM to the run, a crash, a CI timeout) leaves its file,
-  and the controller reads the files of the workers it has not heard from (``read_unreceived``) before it writes the
-  summary and the report.
+* after each test item, the worker appends what it judged since the last item to its own file in a directory of
+  the run (``stream``: JSON lines, one record, output or environment per line);
+* at its end, it says in ``workeroutput`` how many records its complete stream holds (``send_to_controller``), and
+  the controller reads that file when the worker goes down (``receive_from_worker``, pytest_testnodedown). Only a
+  worker whose stream could not be written sends everything in ``workeroutput`` itself: execnet's pure-Python
+  serialiser took 3 to 7 s at the end of each worker of a default run for what the file already held;
+* a worker that dies or is interrupted without delivering its ``workeroutput`` (SIGTERM to the run, a crash, a CI
+  timeout) leaves its file, and the controller reads the files of the workers it has not heard from
+  (``read_unreceived``) before it writes the summary and the report.
 
 The controller names the directory (``open_stream_directory``, a fresh temporary directory per run) in each
 worker's ``workerinput`` and removes it at the end.
@@ -30,7 +32,7 @@ from .report import CaseRecord
 STREAM_KEY = "attention_conformance_stream"  # workerinput: the directory of the run's streams
 RECEIVED: set[str] = set()  # the workers whose workeroutput the controller merged (by worker id)
 _DIRECTORY: dict = {"path": None}  # the controller's stream directory
-_WRITER: dict = {"records": 0, "outputs": {}, "environment": None}  # what a worker's stream has so far
+_WRITER: dict = {"records": 0, "outputs": {}, "environment": None, "failed": False}  # what a worker's stream has so far
 
 
 def is_xdist_worker(config) -> bool:
@@ -45,7 +47,7 @@ def _worker_id(config) -> str:
 def announce(config) -> None:
     """At the worker's start: its process id beside its stream, for the controller to stop it (stop_workers)."""
     directory = config.workerinput.get(STREAM_KEY) if is_xdist_worker(config) else None
-    _WRITER.update(records=0, outputs={}, environment=None)
+    _WRITER.update(records=0, outputs={}, environment=None, failed=False)
     if directory:
         try:
             (Path(directory) / f"{_worker_id(config)}.pid").write_text(str(os.getpid()))
@@ -73,7 +75,9 @@ def stream(config, final: bool = False) -> None:
     if not directory:
         return
     records = checks.RECORDS
-    start = min(_WRITER["records"], len(records))  # a self-check may put back fewer records than it found
+    if len(records) < _WRITER["records"]:  # a self-check put back fewer records than were streamed
+        _WRITER["failed"] = True  # the stream no longer mirrors RECORDS: workeroutput carries them at the end
+    start = min(_WRITER["records"], len(records))
     lines = [json.dumps({"record": rec.transport()}, default=float) for rec in records[start:]]
     _WRITER["records"] = len(records)
     for dtype, case, name, out in _new_outputs():
@@ -91,11 +95,16 @@ def stream(config, final: bool = False) -> None:
             handle.write("\n".join(lines) + "\n")
             handle.flush()
     except OSError:
-        pass  # the controller removed the directory (it is finishing): workeroutput carries everything
+        _WRITER["failed"] = True  # the controller removed the directory (it is finishing): workeroutput carries all
 
 
 def send_to_controller(config) -> None:
-    """At the worker's end: its case records, kept outputs, versions and devices, in workeroutput."""
+    """At the worker's end, after its final ``stream``: the number of records its stream holds, or, where the stream
+    could not be written, its case records, kept outputs, versions and devices themselves, in workeroutput."""
+    streamed = getattr(config, "workerinput", {}).get(STREAM_KEY)
+    if streamed and not _WRITER["failed"] and _WRITER["records"] == len(checks.RECORDS):
+        config.workeroutput["conformance_streamed"] = _WRITER["records"]
+        return
     config.workeroutput["conformance_records"] = [rec.transport() for rec in checks.RECORDS]
     config.workeroutput["conformance_environment"] = environment.local_environment()
     config.workeroutput["conformance_outputs"] = [
@@ -124,14 +133,40 @@ def _merge(records, env, outputs) -> None:
 def receive_from_worker(node) -> None:
     """The controller merges what a finished worker sent, once per worker (xdist may report a worker down twice)."""
     output = getattr(node, "workeroutput", None) or {}
-    if "conformance_records" not in output:
+    if "conformance_records" not in output and "conformance_streamed" not in output:
         return  # it died before sending: read_unreceived reads its stream instead
     worker = str(node.workerinput.get("workerid", id(node))) if hasattr(node, "workerinput") else str(id(node))
     if worker in RECEIVED:
         return
+    if "conformance_streamed" in output:
+        path = Path(_DIRECTORY["path"] or "") / f"{worker}.jsonl"
+        records, env, outputs = _read_stream(path) if path.is_file() else ([], {}, [])
+        if len(records) != output["conformance_streamed"]:
+            raise RuntimeError(f"xdist worker {worker} streamed {output['conformance_streamed']} case records to "
+                               f"{path}, the controller read {len(records)}")
+    else:
+        records, env, outputs = (output.get("conformance_records", []), output.get("conformance_environment"),
+                                 output.get("conformance_outputs", []))
     RECEIVED.add(worker)
-    _merge(output.get("conformance_records", []), output.get("conformance_environment"),
-           output.get("conformance_outputs", []))
+    _merge(records, env, outputs)
+
+
+def _read_stream(path: Path) -> tuple[list, dict, list]:
+    """A worker's stream: (records, environment, outputs); a line cut short by the worker's death is skipped."""
+    records, outputs, env = [], [], {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if "record" in entry:
+                records.append(entry["record"])
+            elif "output" in entry:
+                outputs.append(entry["output"])
+            elif "environment" in entry:
+                env = entry["environment"]
+    return records, env, outputs
 
 
 def read_unreceived() -> dict[str, int]:
@@ -144,19 +179,7 @@ def read_unreceived() -> dict[str, int]:
         worker = path.stem
         if worker in RECEIVED:
             continue
-        records, outputs, env = [], [], {}
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue  # a line cut short by the worker's death
-                if "record" in entry:
-                    records.append(entry["record"])
-                elif "output" in entry:
-                    outputs.append(entry["output"])
-                elif "environment" in entry:
-                    env = entry["environment"]
+        records, env, outputs = _read_stream(path)
         RECEIVED.add(worker)
         _merge(records, env, outputs)
         read[worker] = len(records)

@@ -391,7 +391,8 @@ def test_a_worker_streams_its_records_and_the_controller_reads_those_it_never_re
     monkeypatch.setattr(transport, "_DIRECTORY", {"path": str(tmp_path)})
     first, second = _record(case="a"), _record("failed", "[c] x", case="b", ratio=float("inf"), shapes={"q": (1, 2)})
     for worker in ("gw0", "gw1"):
-        monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": {}, "environment": None})
+        monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": {}, "environment": None,
+                                                   "failed": False})
         config = SimpleNamespace(workerinput={transport.STREAM_KEY: str(tmp_path), "workerid": worker})
         checks.RECORDS[:] = [first]
         transport.stream(config)
@@ -408,6 +409,41 @@ def test_a_worker_streams_its_records_and_the_controller_reads_those_it_never_re
     assert checks.RECORDS[1].ratio == float("inf") and list(agreement._OUTPUTS) == [("float32", "c")]
     assert environment.WORKER_ENVIRONMENT["versions"]["python"]
     assert transport.read_unreceived() == {}  # read once
+
+
+def test_a_worker_whose_stream_is_whole_sends_its_count_and_the_controller_reads_the_stream(kept_records,
+                                                                                          monkeypatch, tmp_path):
+    """execnet's serialiser is slow: a worker sends how many records its stream holds, not the records, unless the
+    stream stopped mirroring its records (a self-check put some back) or could not be written."""
+    monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
+    monkeypatch.setattr(environment, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
+    monkeypatch.setattr(transport, "RECEIVED", set())
+    monkeypatch.setattr(transport, "_DIRECTORY", {"path": str(tmp_path)})
+    first, second = _record(case="a"), _record("failed", "[c] x", case="b", ratio=float("inf"))
+    nodes = []
+    for worker, put_back in (("gw0", False), ("gw1", True)):
+        monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": {}, "environment": None,
+                                                   "failed": False})
+        config = SimpleNamespace(workerinput={transport.STREAM_KEY: str(tmp_path), "workerid": worker},
+                                 workeroutput={})
+        checks.RECORDS[:] = [first, second]
+        transport.stream(config)
+        if put_back:
+            checks.RECORDS[:] = [first]
+        transport.stream(config, final=True)
+        transport.send_to_controller(config)
+        assert ("conformance_records" in config.workeroutput) == put_back
+        assert config.workeroutput.get("conformance_streamed") == (None if put_back else 2)
+        nodes.append(SimpleNamespace(workeroutput=config.workeroutput, workerinput=config.workerinput))
+    checks.RECORDS[:] = []
+    for node in nodes:
+        transport.receive_from_worker(node)
+    assert [rec.as_dict() for rec in checks.RECORDS] == [first.as_dict(), second.as_dict(), first.as_dict()]
+    assert transport.read_unreceived() == {}
+    (tmp_path / "gw0.jsonl").write_text("")  # a stream that does not hold what the worker counted is an error
+    monkeypatch.setattr(transport, "RECEIVED", set())
+    with pytest.raises(RuntimeError, match="streamed 2 case records"):
+        transport.receive_from_worker(nodes[0])
 
 
 def test_gzip_and_page_paths(tmp_path):
