@@ -77,9 +77,11 @@ def pytest_addoption(parser):
                     help="print the implementations found, what they declare and support, then exit.")
     group.addoption("--no-builtins", action="store_true", default=False,
                     help="do not add the built-in implementations when no --impl is given.")
-    group.addoption("--jax-compilation-cache", metavar="DIR|off", default=".attention-conformance/jax-cache",
-                    help="JAX's persistent compilation cache for this run, relative to the rootdir "
-                    "(default: %(default)s; 'off' disables it; $JAX_COMPILATION_CACHE_DIR, if set, wins).")
+    group.addoption("--jax-compilation-cache", metavar="DIR|auto|off", default="auto",
+                    help="JAX's persistent compilation cache for this run, relative to the rootdir (default auto: "
+                    ".pytest_cache/d/attention-conformance/jax, or .attention-conformance/jax without pytest's cache; "
+                    "torch inductor's cache goes beside it; 'off' leaves both alone; $JAX_COMPILATION_CACHE_DIR, "
+                    "if set, wins).")
     group.addoption("--call-timeout", metavar="SECONDS", default=None,
                     help="time limit of each call of an implementation (default 30; 0 or off: no limit). A call past "
                     "it fails its case as a hang, and the implementation's later calls fail at once "

@@ -12,7 +12,7 @@ this checkout (conformance/, every built-in, the plugin's ``-n auto``), made fre
   and the default profile is not derandomized, so every run draws its own examples;
 * ``--cold``: JAX's persistent compilation cache is an empty temporary directory for each run
   (``--jax-compilation-cache DIR``), as on a CI runner without a cache; otherwise it is the checkout's default
-  (``.attention-conformance/jax-cache``), filled by a first, unreported run when it is empty.
+  (``.attention-conformance/jax``, as pytest's cache is off), filled by a first, unreported run when it is empty.
 
 A run that is not green (exit status other than 0) is a false alarm on the built-ins: its failing lines are printed.
 Wall time is measured around the subprocess (interpreter start and exit included). Compare figures only between runs
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="append every run's record here (JSON lines)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
-    if not args.cold and not any((ROOT / ".attention-conformance" / "jax-cache").glob("*")):
+    if not args.cold and not any((ROOT / ".attention-conformance" / "jax").glob("*")):
         print("warming the JAX compilation cache (one unreported run) ...", flush=True)
         one_run(False, args.pytest_args)
     runs = []

@@ -49,7 +49,7 @@ def wall(command: list[str], env: dict | None = None) -> tuple[float, str]:
     return seconds, f"exit {done.returncode}: {tail}"
 
 
-JAX_CACHE = ROOT / ".attention-conformance" / "jax-cache"  # conftest.py's --jax-compilation-cache default
+JAX_CACHE = ROOT / ".pytest_cache" / "d" / "attention-conformance" / "jax"  # --jax-compilation-cache auto
 
 
 def whole_suite_figures() -> None:

@@ -107,22 +107,39 @@ def share_cores_between_workers(workers: int) -> None:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
+COMPILATION_CACHE = "attention-conformance"  # under pytest's cache directory: .pytest_cache/d/attention-conformance
+FALLBACK_COMPILATION_CACHE = ".attention-conformance"  # under the rootdir, when pytest's cache is off
+
+
 def share_jax_compilations(config) -> None:
-    """Point JAX's persistent compilation cache at a directory of the run, unless the user chose one.
+    """Point JAX's persistent compilation cache (and torch inductor's) at a directory of the checkout, unless the
+    user chose one.
 
     An XLA compile costs 30-100 ms on the CI machine and every distinct input
     signature compiles (README, "Speed"); the cache lets xdist workers reuse each
     other's compiles and later runs reuse this one's. JAX reads these variables
     when it is first imported, which is after this (frameworks import lazily), and
     xdist workers inherit them. A cached executable is the very one XLA built, so
-    results do not change. --jax-compilation-cache=off leaves JAX as it is.
+    results do not change. The default ("auto") is ``jax/`` under
+    ``.pytest_cache/d/attention-conformance/`` (pytest's cache directory, which CI
+    caches and ``--cache-clear`` empties), or under ``.attention-conformance/`` with
+    ``-p no:cacheprovider``; torch.compile's inductor cache (the CUDA flex built-in)
+    goes beside it as ``torchinductor/`` unless $TORCHINDUCTOR_CACHE_DIR is set.
+    --jax-compilation-cache=off leaves both as they are; DIR names JAX's directory.
     """
-    where = config.getoption("jax_compilation_cache", None) or "off"
+    where = config.getoption("jax_compilation_cache", None) or "auto"
     if where == "off" or "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
-    path = Path(where)
-    if not path.is_absolute():
-        path = Path(str(config.rootpath)) / path
+    if where == "auto":
+        cache = getattr(config, "cache", None)
+        root = (Path(cache.mkdir(COMPILATION_CACHE)) if cache is not None
+                else Path(str(config.rootpath)) / FALLBACK_COMPILATION_CACHE)
+        path = root / "jax"
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "torchinductor"))
+    else:
+        path = Path(where)
+        if not path.is_absolute():
+            path = Path(str(config.rootpath)) / path
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)
     # Cache every compile: the defaults skip those under 1 s, which is all of ours.
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")

@@ -18,13 +18,13 @@ from attention_conformance.implementations._registry import from_object
 pytestmark = pytest.mark.selfcheck
 
 
-def fake_config(cache=".attention-conformance/jax-cache", rootpath="/repo"):
-    return SimpleNamespace(rootpath=Path(rootpath), getoption=lambda name, default=None: cache)
+def fake_config(cache="auto", rootpath="/repo", pytest_cache=None):
+    return SimpleNamespace(rootpath=Path(rootpath), getoption=lambda name, default=None: cache, cache=pytest_cache)
 
 
 @pytest.fixture
 def clean_environment(monkeypatch):
-    for variable in (*plugin.THREAD_VARIABLES, "JAX_COMPILATION_CACHE_DIR",
+    for variable in (*plugin.THREAD_VARIABLES, "JAX_COMPILATION_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
@@ -57,13 +57,29 @@ def test_a_thread_count_the_user_set_is_kept(clean_environment):
     assert os.environ["OMP_NUM_THREADS"] == "3" and os.environ["OPENBLAS_NUM_THREADS"] == "2"
 
 
-def test_the_jax_cache_lives_under_the_rootdir_and_caches_every_compile(clean_environment):
-    plugin.share_jax_compilations(fake_config(rootpath="/repo"))
-    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(Path("/repo/.attention-conformance/jax-cache"))
+def test_the_compile_caches_live_under_pytests_cache_and_cache_every_compile(clean_environment, tmp_path):
+    class PytestCache:  # config.cache's one method used here
+        def mkdir(self, name):
+            (tmp_path / "d" / name).mkdir(parents=True, exist_ok=True)
+            return tmp_path / "d" / name
+
+    plugin.share_jax_compilations(fake_config(pytest_cache=PytestCache()))
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "d" / "attention-conformance" / "jax")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "d" / "attention-conformance" / "torchinductor")
     assert os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
 
 
-@pytest.mark.parametrize("cache, preset", [("off", None), (".attention-conformance/jax-cache", "/mine")])
+def test_without_pytests_cache_the_jax_cache_lives_under_the_rootdir(clean_environment):
+    plugin.share_jax_compilations(fake_config(rootpath="/repo"))
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(Path("/repo/.attention-conformance/jax"))
+    plugin.share_jax_compilations(fake_config(cache="cache/jax-here"))  # the variable set above wins
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(Path("/repo/.attention-conformance/jax"))
+    clean_environment.delenv("JAX_COMPILATION_CACHE_DIR")
+    plugin.share_jax_compilations(fake_config(cache="cache/jax-here"))
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(Path("/repo/cache/jax-here"))
+
+
+@pytest.mark.parametrize("cache, preset", [("off", None), ("auto", "/mine")])
 def test_off_or_a_users_cache_leaves_jax_alone(clean_environment, cache, preset):
     if preset:
         clean_environment.setenv("JAX_COMPILATION_CACHE_DIR", preset)
