@@ -33,7 +33,7 @@ from hypothesis.strategies._internal.numbers import IntegersStrategy
 from hypothesis.strategies._internal.strategies import (FilteredStrategy, OneOfStrategy,
                                                         SampledFromStrategy)
 
-from attention_conformance.implementations._region import Region
+from attention_conformance.implementations._region import Region, causal_lengths_ok, scale_ok
 
 # The structural corners, most telling first (a property that admits fewer of them runs fewer cases).
 # lengths: "q>k" (more queries than keys: a causal key loop that runs past the last key block), "q<k",
@@ -240,6 +240,12 @@ def hints_for(corner: dict, index: int, region: Region, small: bool) -> dict:
     small = small and not corner.get("kernel", False)
     hkv, group = _kv_heads(corner["kv"], region, small)
     lq, lk = _length_pair(corner["lengths"], region, small)
+    # Adjusted into a region that takes Lq == Lk only (the longer length: past the block where there is one), or
+    # whose causal path declares a length relation (a causal Lq > Lk corner becomes Lq < Lk there).
+    if region.equal_lengths or (corner["is_causal"] and region.causal_lengths == "lq==lk"):
+        lq = lk = max(lq, lk)
+    elif corner["is_causal"] and not causal_lengths_ok(region.causal_lengths, lq, lk):
+        lq, lk = lk, lq
     # Fewer heads where the pair would pass the score budget; the length relation is the corner's point.
     while hkv * group * lq * lk > COVERING_SCORE_BUDGET and group > 1:
         group //= 2
@@ -255,7 +261,9 @@ def hints_for(corner: dict, index: int, region: Region, small: bool) -> dict:
     dv = dk if corner.get("dv") != "other" or region.same_value_dim else (dims[0] if dk != dims[0] else dims[-1])
     return {
         "index": index, "kernel": not small, "B": 1, "Hkv": hkv, "group": group, "is_causal": corner["is_causal"],
-        "lengths": (lq, lk), "Dk": dk, "Dv": dv, "scale": corner["scale"], "mask": corner.get("mask", 0),
+        "lengths": (lq, lk), "Dk": dk, "Dv": dv, "mask": corner.get("mask", 0),
+        # A scale of a sign the region refuses becomes the default (1/sqrt(Dk), positive).
+        "scale": corner["scale"] if scale_ok(region.scale, corner["scale"]) else None,
         "mask_kind": corner.get("mask_kind"),
         "magnitude": corner.get("magnitude", "unit"),
     }

@@ -64,7 +64,8 @@ def gradients(impl, inputs: dict[str, Any], d_out: np.ndarray, device: str) -> d
         extra = dict(kwargs, mask=mask) if mask is not None else kwargs
         return impl.obj.sdpa(q, k, v, **extra)
 
-    out, grads = kind.vjp(forward, primals, d_out, device)
+    with kind.precision(inputs):  # JAX: x64 for a float64 case only (implementations/_arrays.py)
+        out, grads = kind.vjp(forward, primals, d_out, device)
     result = {"out": _to_f64(kind, out)}
     for name in names:
         result[GRAD_NAMES[name]] = _to_f64(kind, grads.get(name))

@@ -147,27 +147,9 @@ def share_jax_compilations(config) -> None:
 
 
 def _print_impls(impls) -> None:
-    for impl in impls:
-        d = impl.describe()
-        ops = ", ".join(op for op, present in d["operations"].items() if present) or "none"
-        print(f"{d['name']:<16} {d['spec']}")
-        dtypes = d["dtypes"]
-        dtypes = "; ".join(f"{dev}: {','.join(v) or 'none'}" for dev, v in dtypes.items()) if isinstance(dtypes, dict) else ",".join(dtypes)
-        print(f"    array={d['array']} dtypes={dtypes} fully_masked_rows={d['fully_masked_rows']}")
-        for deviation in d["known_deviations"]:
-            print(f"    declared deviation of {deviation['clause']}: {deviation['reason']}")
-        print(f"    operations: {ops}")
-        if d["supports"] != "everything":
-            region = ", ".join(f"{key}={value}" for key, value in d["supports"].items()
-                               if key != "supports()" or value)
-            print(f"    supports: {region}")
-        tf32 = [dev for dev, mode in d["float32_matmul"].items() if mode == "tf32"]
-        if tf32:
-            print(f"    float32 matmuls in TF32 on: {', '.join(tf32)}")
-        if d["skip_reason"]:
-            print(f"    skipped: {d['skip_reason']}")
-        else:
-            print(f"    devices: {', '.join(d['devices']) or 'none'}")
+    from .list_impls import listing
+
+    print(listing(impls))
 
 
 def deselect_selfcheck_for_user_impls(config, items) -> None:

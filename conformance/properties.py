@@ -37,7 +37,7 @@ from hypothesis.errors import HypothesisException, Unsatisfiable
 from attention_conformance.implementations._region import EVERYTHING
 
 from . import checks, covering
-from .strategies import _small_shapes_inside, drawing_inside
+from .strategies import DerivedCase, _small_shapes_inside, drawing_inside
 
 JIT_EXAMPLE_DIVISOR = 10  # see README, "Speed": XLA compiles once per distinct input signature
 MIN_JIT_EXAMPLES = 1
@@ -81,7 +81,23 @@ class ShrinkingStopped(BaseException):
                          f"one found by then)")
 
 
-def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None, covering_set: str = "full"):
+def applicability(requires=None, derives: tuple[DerivedCase, ...] = ()):
+    """The ``applies_to`` callable of a property: ``requires(impl)``'s reason, else the first derived case that no
+    drawn case could keep inside the implementation's declared region (None: the property applies)."""
+    if not requires and not derives:
+        return None
+
+    def reason(impl):
+        why = requires(impl) if requires else None
+        if why or not impl.implements("sdpa"):
+            return why
+        return next((r for r in (d.leaves(impl.region) for d in derives) if r), None)
+
+    return reason
+
+
+def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None, covering_set: str = "full",
+                  derives: tuple[DerivedCase, ...] = ()):
     """Outermost decorator of every property (the module docstring says what it runs).
 
     ``covering_set``: "full" (every corner, and the floor) for the properties of a forward operation;
@@ -90,11 +106,15 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
 
     A property whose every case was unsupported is skipped, not failed. ``requires(impl)`` may
     return why the property does not apply to an implementation: it becomes the test's
-    ``applies_to`` marker, decided at collection (conformance/plugin.py).
+    ``applies_to`` marker, decided at collection (conformance/plugin.py). ``derives``: the cases the
+    property makes from the drawn one (strategies.DerivedCase). One that leaves the declared region
+    whatever is drawn makes the property not apply (also at collection, "derived case leaves the
+    region: ..."); otherwise a draw whose derived case supports(facts) refuses is filtered out while
+    drawing, before any call.
     """
     if test is None:
         return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires,
-                                 covering_set=covering_set)
+                                 covering_set=covering_set, derives=derives)
     if covering_set not in ("full", "brief"):
         raise ValueError(f"covering_set={covering_set!r}: 'full' or 'brief'")
 
@@ -106,8 +126,10 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
         base = test._hypothesis_internal_use_settings
         checks.reset_support_counts()
         depth = "brief" if _BRIEF_EVERYWHERE.get() else covering_set
+        drawing = {"dtype": kwargs["dtype"], "device": kwargs["device"]} if "dtype" in kwargs else {}
+        keywords = impl.accepted_keywords("sdpa") if impl is not None and impl.implements("sdpa") else None
         try:
-            with drawing_inside(region):
+            with drawing_inside(region, drawing, derives, keywords) as drawn:
                 corners = covering_corners(impl, region, depth)
                 floor = (FLOOR_PER_PROPERTY if impl is None or impl.compiled else NARROW_FLOOR_PER_PROPERTY) \
                     if depth == "full" else 0
@@ -119,11 +141,16 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
                 with bounded_failure(test):
                     return test(*args, **kwargs)
         except Unsatisfiable:
+            refused = drawn.most_refused()
+            if refused:  # every draw was filtered out while drawing: nothing was called
+                pytest.skip(f"{refused} (for every draw; nothing was called)" if refused.startswith("derived") else
+                            f"unsupported: no generated case lies inside the region (most often: {refused})")
             pytest.skip(f"unsupported: every generated case was unsupported ({checks.LAST_UNSUPPORTED[0]})")
         finally:
             test._hypothesis_internal_use_settings = base
 
-    return pytest.mark.applies_to.with_args(requires)(run) if requires else run  # with_args: the argument is a callable
+    applies = applicability(requires, derives)
+    return pytest.mark.applies_to.with_args(applies)(run) if applies else run  # with_args: the argument is a callable
 
 
 def random_examples(impl, region, profile_examples: int, judged: int, min_jit_examples: int,
@@ -197,8 +224,8 @@ def run_covering_set(test, corners: list[dict], args, kwargs, target: int = 0) -
         seen.add(key)
         try:
             inner(*args, **kwargs, **drawn)
-        except (pytest.skip.Exception, pytest.xfail.Exception):
-            continue  # unsupported here, or a declared deviation (recorded as such)
+        except (pytest.skip.Exception, pytest.xfail.Exception, covering.CannotBuild):
+            continue  # unsupported here, a declared deviation (recorded as such), or a draw in the test refused
         judged += 1
     return judged
 

@@ -8,15 +8,18 @@ where attention bugs live, and a repro prints the values literally.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
-from attention_conformance.implementations._region import EVERYTHING, Region
+from attention_conformance.implementations._region import EVERYTHING, Region, causal_lengths_ok, scale_ok, shape_facts
 
 from . import oracle
 from .cases import Case
-from .covering import COVERING_SCORE_BUDGET, admits, hint, hinted
+from .covering import COVERING_SCORE_BUDGET, OneOfStrategy, _unwrap, admits, hint, hinted, strategy_values
 
 MAX_BATCH = 2
 MAX_KV_HEADS = 2
@@ -51,21 +54,63 @@ KERNEL_SHARE = 5
 # A query of 1 (decode), a few (speculative decode), or as many as the keys (prefill) or any (cross).
 KERNEL_QUERY_MODES = ("prefill", "decode", "cross")
 
-_ACTIVE_REGION: list[Region] = [EVERYTHING]
+@dataclass(frozen=True)
+class DerivedCase:
+    """A second case a property makes from the drawn one (or the drawn case as the test changes it before its
+    first call), told by the facts it changes. It must lie inside the region as the drawn case does: a property
+    whose derived case no drawn case could keep inside does not apply (conformance/properties.py, decided at
+    collection); otherwise a draw whose derived case supports(facts) refuses is filtered out while drawing."""
+
+    what: str  # what the property does to the drawn case, for the skip reason
+    sets: dict = field(default_factory=dict)  # facts the derived case has whatever was drawn
+    drops: tuple[str, ...] = ()  # variant keywords it takes out
+
+    def facts(self, facts: dict) -> dict:
+        derived = {**facts, **self.sets}
+        if self.drops:
+            derived["variants"] = tuple(v for v in derived.get("variants", ()) if v not in self.drops)
+        return derived
+
+    def leaves(self, region: Region) -> str | None:
+        """Why no derived case can lie inside ``region`` (its declared keys; supports() is asked per draw)."""
+        reason = region.why_outside({"op": "sdpa", **self.sets}, ask_supports=False)
+        return f"derived case leaves the region: {self.what}: {reason}" if reason else None
+
+
+@dataclass(frozen=True)
+class _Drawing:
+    region: Region
+    facts: dict  # what a case's facts hold beside its shapes: dtype, device
+    derived: tuple[DerivedCase, ...]
+    keywords: frozenset | None  # the sdpa keywords the signature accepts (None: any)
+    refused: Counter = field(default_factory=Counter)  # why draws were filtered out, for a property that found none
+
+    def most_refused(self) -> str | None:
+        return self.refused.most_common(1)[0][0] if self.refused else None
+
+
+_ACTIVE: list[_Drawing] = [_Drawing(EVERYTHING, {}, (), None)]
 
 
 @contextlib.contextmanager
-def drawing_inside(region: Region):
-    """Draw every case inside ``region`` (the judged implementation's SUPPORTS) while active."""
-    _ACTIVE_REGION.append(region)
+def drawing_inside(region: Region, facts: dict | None = None, derived=(), keywords=None):
+    """Draw every case inside ``region`` (the judged implementation's SUPPORTS) while active.
+
+    ``facts`` (dtype, device) complete a drawn case's facts for the implementation's supports(facts);
+    ``derived``: the property's DerivedCases, each of which must lie inside too; ``keywords``: the sdpa
+    keywords the signature accepts (variant keywords it lacks are not drawn where a property leaves them optional).
+    Yields the drawing, whose ``most_refused()`` says why draws were filtered out.
+    """
+    drawing = _Drawing(region, dict(facts or {}), tuple(derived), None if keywords is None else frozenset(keywords))
+    _ACTIVE.append(drawing)
     try:
-        yield
+        yield drawing
     finally:
-        _ACTIVE_REGION.pop()
+        _ACTIVE.pop()
 
 
 def active_region() -> Region:
-    return _ACTIVE_REGION[-1]
+    return _ACTIVE[-1].region
 
 
 def _outside_region(reason: str):
@@ -73,6 +118,77 @@ def _outside_region(reason: str):
     from .checks import unsupported
 
     unsupported(f"outside the declared region: {reason}")
+
+
+def _keep_inside(draw, facts: dict) -> None:
+    """Filter out a draw whose case, or a derived case of the property, the region refuses (supports(facts)
+    above all: the declared keys are met by construction). Inside Hypothesis the draw is rejected (``assume``:
+    counted as filtered, never called, never an "unsupported" record); a covering corner is not built."""
+    drawing = _ACTIVE[-1]
+    facts = {**facts, **drawing.facts}
+    reason = drawing.region.why_outside(facts)
+    for derived in drawing.derived:
+        if reason:
+            break
+        outside = drawing.region.why_outside(derived.facts(facts))
+        reason = outside and f"derived case leaves the region: {derived.what}: {outside}"
+    if not reason:
+        return
+    from .checks import LAST_UNSUPPORTED
+    from .covering import CannotBuild, DeterministicDraw
+
+    drawing.refused[reason] += 1
+    LAST_UNSUPPORTED[0] = reason if reason.startswith("derived") else f"outside the declared region: {reason}"
+    if isinstance(draw, DeterministicDraw):
+        raise CannotBuild(reason)
+    assume(False)
+
+
+def keep_inside_region(draw, case: Case) -> None:
+    """``_keep_inside`` for a case a strategy outside this module built (dropout's, gradients' own cases)."""
+    _keep_inside(draw, shape_facts(case.op, case.inputs))
+
+
+def variant_allowed(name: str) -> bool:
+    """Whether the judged implementation runs the variant keyword ``name`` (its region and its signature)."""
+    drawing = _ACTIVE[-1]
+    return drawing.region.allows_variant(name) and (drawing.keywords is None or name in drawing.keywords)
+
+
+def _lengths_in_order(lq: int, lk: int, region: Region, is_causal: bool) -> tuple[int, int]:
+    """(Lq, Lk) swapped where a causal case must meet the region's declared relation (causal "lq<=lk", say)."""
+    if is_causal and not causal_lengths_ok(region.causal_lengths, lq, lk):
+        return (lk, lq) if region.causal_lengths != "lq==lk" else (min(lq, lk), min(lq, lk))
+    return lq, lk
+
+
+def _equal_lengths(region: Region, is_causal: bool) -> bool:
+    """Whether the region takes only Lq == Lk cases (all of them, or causal ones)."""
+    return region.equal_lengths or (is_causal and region.causal_lengths == "lq==lk")
+
+
+def _scales_inside(scales, region: Region):
+    """The property's scale strategy kept to the region's declared sign (unchanged where any scale is taken). A
+    strategy of a few values becomes those of the sign, which the covering set can still build from."""
+    if region.scale == "any":
+        return scales
+    kept = _of_sign(scales, region.scale)
+    if kept is None:
+        _outside_region(f"the property draws no scale of the declared sign ({region.scale!r})")
+    return kept
+
+
+def _of_sign(scales, sign: str):
+    """``scales`` kept to ``sign`` branch by branch (None: it has no such value)."""
+    inner = _unwrap(scales)
+    if isinstance(inner, OneOfStrategy):
+        branches = [kept for kept in (_of_sign(b, sign) for b in inner.original_strategies) if kept is not None]
+        return st.one_of(branches) if branches else None
+    values = strategy_values(inner)
+    if values is None:  # a float range: filtered as drawn
+        return scales.filter(lambda value: scale_ok(sign, value))
+    kept = [v for v in values if scale_ok(sign, v)]
+    return st.sampled_from(kept) if kept else None
 
 
 def _small_shapes_inside(region: Region) -> bool:
@@ -170,12 +286,14 @@ def _inside(sizes, allowed):
     return sizes.filter(allowed.contains)
 
 
-def _hinted_lengths(region: Region, heads: int, same_lengths: bool, lengths, query_mode) -> tuple[int, int] | None:
-    """The covering corner's (Lq, Lk) when the property and the region admit it (None: draw them)."""
+def _hinted_lengths(region: Region, heads: int, same_lengths: bool, lengths, query_mode,
+                    is_causal: bool = False) -> tuple[int, int] | None:
+    """The covering corner's (Lq, Lk) when the property and the region admit it (None: draw them); a causal
+    corner's pair is put in the order the region's causal relation declares."""
     pair = hint("lengths")
     if pair is None:
         return None
-    lq, lk = pair
+    lq, lk = _lengths_in_order(*pair, region, is_causal)
     if same_lengths:
         lq = lk = max(lq, lk)
     fits = (region.lengths.contains(lq) and region.lengths.contains(lk) and heads * lq * lk <= COVERING_SCORE_BUDGET
@@ -204,6 +322,7 @@ def sdpa_cases(
     kv_heads=None,
     groups=None,
     query_mode: str | None = None,
+    outermost: bool = True,
 ) -> Case:
     """An sdpa case inside the active region (drawing_inside): small shapes, or kernel-shaped ones.
 
@@ -211,13 +330,16 @@ def sdpa_cases(
     property (None: the mode's own); a kernel-shaped case keeps the property's lengths,
     heads and groups where the region allows them and draws its head dims from the region.
     ``query_mode`` ("decode", "prefill", "cross") makes every case kernel-shaped in that mode.
+    ``outermost``: False where another strategy builds on the case (variant_cases), which then asks the region.
     """
     region = active_region()
+    scale = _scales_inside(scale, region)
     kinds = [k for k in mask_kinds if _mask_class(k) in region.masks]
     if bottom_right_mask and "bool" not in region.masks:
         kinds = []
     if not kinds:
-        _outside_region(f"the property needs a {'/'.join(sorted({_mask_class(k) for k in mask_kinds}))} mask "
+        needed = {"bool"} if bottom_right_mask else {_mask_class(k) for k in mask_kinds}
+        _outside_region(f"the property needs a {'/'.join(sorted(needed))} mask "
                         f"(declared masks: {', '.join(region.masks)})")
     # A covering corner (conformance/covering.py) hints its structure; a hint the property's own strategy does not
     # admit is not taken. Random draws see no hints.
@@ -242,7 +364,10 @@ def sdpa_cases(
     is_causal = wanted if admits(causal, wanted) and (region.causal or not wanted) else draw(causal, label="is_causal")
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
-    corner_lengths = _hinted_lengths(region, b * hq, same_lengths, lengths, query_mode)
+    same_lengths = same_lengths or _equal_lengths(region, is_causal)
+    if same_lengths and query_mode == "decode":
+        _outside_region("a decode case (Lq < Lk) where the region takes Lq == Lk only")
+    corner_lengths = _hinted_lengths(region, b * hq, same_lengths, lengths, query_mode, is_causal)
     if corner_lengths:
         lq, lk = corner_lengths
     if kernel:
@@ -257,6 +382,7 @@ def sdpa_cases(
             lq = draw(lengths, label="Lq")
             lk = lq if same_lengths else draw(lengths, label="Lk")
         dims = _inside(st.integers(1, MAX_DIM) if dims is None else dims, region.head_dims)
+    lq, lk = _lengths_in_order(lq, lk, region, is_causal)
     dk = hint("Dk") if hint("Dk") is not None and admits(dims, hint("Dk")) else draw(dims, label="Dk")
     # Half the cases keep Dv == Dk, which many kernels require.
     wanted_dv = hint("Dv")
@@ -275,6 +401,10 @@ def sdpa_cases(
     sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
                                                                                       label="score magnitude")
     chosen_scale = hint("scale") if hinted("scale") and admits(scale, hint("scale")) else draw(scale, label="scale")
+    if outermost:  # the facts are known before any value is drawn: a refused draw costs no arrays
+        _keep_inside(draw, {"op": "sdpa", "B": b, "Hq": hq, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": dk, "Dv": dv,
+                            "is_causal": bool(is_causal), "scale": chosen_scale, "variants": (),
+                            "mask_kind": "bool" if bottom_right_mask else _mask_class(kind)})
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
     rng = np.random.default_rng(seed)
     # Raw dot products grow like sqrt(Dk): past the small dims, q and k shrink by (MAX_DIM / Dk)^(1/4) so an explicit
@@ -354,7 +484,7 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
         KERNEL_SMALL_LENGTHS + KERNEL_EDGE_LENGTHS)[:1] or [region.lengths.min]
     lq = draw(st.sampled_from(length_choices), label="Lq")
     is_cross = draw(cross, label="cross-attention")
-    lk = draw(st.sampled_from(length_choices), label="Lk") if is_cross else lq
+    lk = draw(st.sampled_from(length_choices), label="Lk") if is_cross and not region.equal_lengths else lq
     if kernel:
         dk = dv = draw(st.sampled_from(region.head_dims.members((16, 32, 64, 24, 48, 8, 128)) or [region.head_dims.min]),
                        label="head D")
@@ -378,7 +508,10 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     is_causal = draw(causal, label="is_causal")
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
+    lq, lk = _lengths_in_order(lq, lk, region, is_causal)
     kind = draw(st.sampled_from(kinds), label="mask")
+    _keep_inside(draw, {"op": "multi_head_attention", "B": b, "Hq": h, "Hkv": h, "Lq": lq, "Lk": lk, "Dk": dk,
+                        "Dv": dv, "is_causal": bool(is_causal), "mask_kind": _mask_class(kind)})
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((b, lq, e))
@@ -436,11 +569,12 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
                   **base) -> Case:
     """An sdpa case using the variant keywords named in ``variants`` (each always used) on a case of sdpa_cases.
 
-    ``variants``: names of VARIANTS; "lengths" draws key_lengths and, half the time, query_lengths.
+    ``variants``: names of VARIANTS; "lengths" draws key_lengths and, half the time, query_lengths (where the
+    implementation runs them: its declared variants and its signature).
     ``base``: further keywords of sdpa_cases.
     """
     case = draw(sdpa_cases(mask_kinds=mask_kinds, causal=causal, gqa=gqa, scale=scale, same_lengths=same_lengths,
-                           clauses=clauses, allow_empty_rows=True, **base), label="base case")
+                           clauses=clauses, allow_empty_rows=True, outermost=False, **base), label="base case")
     inputs = dict(case.inputs)
     q, k = inputs["q"], inputs["k"]
     b, hq, lq, _ = q.shape
@@ -473,8 +607,9 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
     if "lengths" in variants:
         inputs["key_lengths"] = np.array([draw(_lengths(lk), label="key length") for _ in range(b)], dtype=np.int32)
         words.append(f"key_lengths={inputs['key_lengths'].tolist()}")
-        if draw(st.booleans(), label="query lengths"):
+        if variant_allowed("query_lengths") and draw(st.booleans(), label="query lengths"):
             inputs["query_lengths"] = np.array([draw(_lengths(lq), label="query length") for _ in range(b)],
                                                dtype=np.int32)
             words.append(f"query_lengths={inputs['query_lengths'].tolist()}")
+    _keep_inside(draw, shape_facts("sdpa", inputs))
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)

@@ -26,7 +26,7 @@ from attention_conformance.conformance.checks import ImplementationHung, Judge
 from attention_conformance.conformance.gradients import NotDifferentiable, backward_allowed, gradients
 from attention_conformance.conformance.plugin import require_device
 from attention_conformance.conformance.report import _array_literal
-from attention_conformance.conformance.strategies import sdpa_cases
+from attention_conformance.conformance.strategies import DerivedCase, sdpa_cases
 from attention_conformance.conformance.test_properties import property_test
 from attention_conformance.implementations._arrays import ARRAY_KINDS, differentiable_kinds
 
@@ -225,7 +225,8 @@ def test_sdpa_gradients(impl, device, dtype, case):
     judge_gradients(judge, case, case.rounded(dtype))
 
 
-@gradient_test
+@property_test(requires=_without_autodiff, covering_set="brief",
+               derives=(DerivedCase("makes every mask an additive float mask", sets={"mask_kind": "float"}),))
 @sdpa_op
 @given(case=gradient_cases(mask_kinds=("float", "float-large", "bool-2d", "key-padding", "per-head",
                                        "bool-query-keys"), float_masks_from_bool=True, clauses=("grad.mask",)))

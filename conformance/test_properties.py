@@ -20,8 +20,8 @@ from attention_conformance.conformance.checks import Judge
 from attention_conformance.conformance.plugin import require_device
 from attention_conformance.conformance.properties import property_test
 
-from attention_conformance.conformance.strategies import (MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, sdpa_cases,
-                                                          softmax_cases)
+from attention_conformance.conformance.strategies import (MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, DerivedCase,
+                                                          sdpa_cases, softmax_cases)
 
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
@@ -55,10 +55,17 @@ def test_lengths_and_widths_off_tile_boundaries(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
+def _with_unequal_lengths(impl):
+    """``requires`` of the decode property: every case it draws has Lq < Lk."""
+    if impl.region.equal_lengths:
+        return f"not applicable: every case has Lq < Lk; {impl.name} declares equal_lengths (Lq == Lk only)"
+    return None
+
+
 # Decode (one query, or a few for speculative decoding) against a cache of hundreds to thousands of keys: split-KV
 # kernels (flash-decoding) cut the keys into chunks and combine the chunks' partial outputs by their log-sum-exp, a
 # step that exists only on this path. Not causal: under the top-left band a single query sees key 0 alone.
-@property_test
+@property_test(requires=_with_unequal_lengths)
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("none", "key-padding", "float"), causal=st.just(False), query_mode="decode",
                        clauses=("sdpa.definition", "sdpa.cross-attention")))
@@ -230,16 +237,8 @@ def test_masked_keys_have_no_influence(impl, device, dtype, case):
     _same(judge, case, first, second, inputs, "mask.before-softmax", "values at masked keys leaked into the output")
 
 
-def _without_float_masks(impl):
-    """``requires`` of test_shift_invariance: its derived case adds a float mask, which must lie in the region."""
-    if "float" not in impl.region.masks:
-        return (f"not applicable: the property adds a float mask to every score, outside {impl.name}'s declared region "
-                f"(masks: {', '.join(impl.region.masks)})")
-    return None
-
-
 # Decided before any call: a kernel without float masks had every example discarded (about 460 a run).
-@property_test(requires=_without_float_masks)
+@property_test(derives=(DerivedCase("adds a float mask to every score", sets={"mask_kind": "float"}),))
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("none",), scale=st.none(), gqa=False, clauses=("softmax.shift-invariance",)),
        shift=st.sampled_from([-7.0, 3.0, 50.0]))
@@ -257,7 +256,7 @@ def test_shift_invariance(impl, device, dtype, case, shift):
           allowed=both)
 
 
-@property_test
+@property_test(derives=(DerivedCase("runs the case without is_causal", sets={"is_causal": False}),))
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("none", "bool-full", "float"), clauses=("sdpa.key-permutation-invariance",)),
        perm_seed=st.integers(0, 2**16))
@@ -275,7 +274,7 @@ def test_key_permutation(impl, device, dtype, case, perm_seed):
     _same(judge, case, first, second, inputs, "sdpa.key-permutation-invariance", "permuting keys")
 
 
-@property_test
+@property_test(derives=(DerivedCase("runs each batch and head alone", sets={"B": 1, "Hq": 1, "Hkv": 1}),))
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("none", "bool-full", "key-padding"), clauses=("sdpa.batch-head-independence",)))
 def test_batch_and_heads_independent(impl, device, dtype, case):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from attention_conformance.conformance import oracle
 from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.strategies import variant_cases
+from attention_conformance.conformance.strategies import DerivedCase, variant_cases
 from attention_conformance.conformance.test_properties import _derived, _judge, _same, check, property_test
 from attention_conformance.implementations._registry import missing_keywords_message
 
@@ -30,7 +30,13 @@ def needs(*keywords: str):
             return None  # the op mark reports the operation missing
         accepted = impl.accepted_keywords("sdpa")
         missing = [k for k in keywords if accepted is not None and k not in accepted]
-        return f"unsupported: {missing_keywords_message(impl.name, 'sdpa', missing)}" if missing else None
+        if missing:
+            return f"unsupported: {missing_keywords_message(impl.name, 'sdpa', missing)}"
+        undeclared = [k for k in keywords if not impl.region.allows_variant(k)]
+        if undeclared:
+            return (f"unsupported: {impl.name} declares variants {list(impl.region.variants)} in SUPPORTS, not "
+                    f"{', '.join(repr(k) for k in undeclared)}")
+        return None
 
     return reason
 
@@ -94,7 +100,8 @@ def _as_bool_mask(case: Case, keep: np.ndarray) -> np.ndarray:
     return np.broadcast_to(own & keep, target).copy()
 
 
-@property_test(covering_set="brief", requires=needs("window"))
+@property_test(covering_set="brief", requires=needs("window"),
+               derives=(DerivedCase("runs the case without its window", drops=("window",)),))
 @sdpa_op
 @given(case=variant_cases(variants=("window",), clauses=("sdpa.window",)))
 def test_unbounded_window_is_no_window(impl, device, dtype, case):
@@ -106,7 +113,9 @@ def test_unbounded_window_is_no_window(impl, device, dtype, case):
     _same(judge, unbounded, first, second, inputs, "sdpa.window", "window (None, None) against no window")
 
 
-@property_test(covering_set="brief", requires=needs("query_offset"))
+@property_test(covering_set="brief", requires=needs("query_offset"),
+               derives=(DerivedCase("runs the offset causal band as a boolean mask, without is_causal",
+                                    sets={"is_causal": False, "mask_kind": "bool"}, drops=("query_offset",)),))
 @sdpa_op
 @given(case=variant_cases(variants=("query_offset",), clauses=("sdpa.query-offset",), causal=st.just(True),
                           mask_kinds=("none", "bool-full")))
@@ -121,7 +130,9 @@ def test_query_offset_is_a_shifted_causal_mask(impl, device, dtype, case):
     _same(judge, case, first, second, inputs, "sdpa.query-offset", "causal at an offset against the same band as a mask")
 
 
-@property_test(covering_set="brief", requires=needs("key_lengths"))
+@property_test(covering_set="brief", requires=needs("key_lengths"),
+               derives=(DerivedCase("runs the key lengths as a boolean mask", sets={"mask_kind": "bool"},
+                                    drops=("key_lengths", "query_lengths")),))
 @sdpa_op
 @given(case=variant_cases(variants=("lengths",), clauses=("sdpa.varlen",), mask_kinds=("none", "bool-full")))
 def test_key_lengths_are_a_key_padding_mask(impl, device, dtype, case):

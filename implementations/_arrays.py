@@ -19,6 +19,12 @@ this contract (``ArrayAdapter`` gives the defaults):
 ``to_native(array, device)`` / ``to_numpy(value)``
     A NumPy test input (any of DTYPE_NAMES, bfloat16 as ml_dtypes.bfloat16) into
     the framework's array on ``device``, and an output back into NumPy.
+``precision(arrays)``
+    A context manager the suite enters around converting a case's inputs and calling the
+    implementation (in the thread that calls it), given the case's NumPy arrays (a dict,
+    nested dicts allowed): the framework settings that case needs and no others. JAX's
+    enables x64 for a case with float64 arrays only; every other case runs under JAX's
+    defaults (README, "JAX and float64").
 ``versions()``
     Version of each module of ``VERSION_MODULES`` the process has imported, None for
     one it has not: the report's environment lists them. Never imports anything.
@@ -39,6 +45,7 @@ implementation itself, before the suite reads its ARRAY) calls ``register(adapte
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from typing import Any, Callable
@@ -92,6 +99,9 @@ class ArrayAdapter:
 
     def to_numpy(self, value) -> np.ndarray:
         return np.asarray(value)
+
+    def precision(self, arrays) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
     def versions(self) -> dict[str, str | None]:
         return {name: module_version(name) for name in self.VERSION_MODULES}
@@ -192,10 +202,20 @@ class JaxArrays(ArrayAdapter):
     def _jax(self):
         import jax
 
-        # float64 cases need x64; inputs always carry an explicit dtype, so
-        # enabling it changes no other case.
-        jax.config.update("jax_enable_x64", True)
         return jax
+
+    def precision(self, arrays) -> contextlib.AbstractContextManager:
+        """x64 for a float64 case only, scoped to this thread and call: turned on for the whole process it had
+        changed every case (jnp.arange, integer division and Python scalars become 64-bit), which broke the
+        Pallas kernel's causal path (int32 against int64 in lax.div) on its float32 cases."""
+        if not _has_float64(arrays):
+            return contextlib.nullcontext()
+        jax = self._jax()
+        if hasattr(jax, "enable_x64"):
+            return jax.enable_x64(True)
+        from jax.experimental import enable_x64  # older JAX
+
+        return enable_x64()
 
     @functools.cache
     def devices(self) -> list[str]:
@@ -211,7 +231,8 @@ class JaxArrays(ArrayAdapter):
     def to_native(self, array: np.ndarray, device: str):
         jax = self._jax()
         platform = "gpu" if device == "cuda" else "cpu"
-        return jax.device_put(array, jax.devices(platform)[0])
+        with self.precision({"array": array}):  # outside a float64 case's scope, float64 would become float32
+            return jax.device_put(array, jax.devices(platform)[0])
 
     def device_info(self) -> dict[str, Any]:
         jax = sys.modules.get("jax")
@@ -234,6 +255,12 @@ class JaxArrays(ArrayAdapter):
         out, pullback = jax.vjp(lambda *arrays: forward(**dict(zip(names, arrays))), *primals.values())
         cotangents = pullback(self.to_native(np.asarray(d_out), device).astype(out.dtype))
         return out, dict(zip(names, cotangents))
+
+
+def _has_float64(arrays) -> bool:
+    """Whether a case's arrays (a dict of NumPy arrays, nested dicts, options) hold a float64 array."""
+    values = arrays.values() if isinstance(arrays, dict) else [arrays]
+    return any(_has_float64(v) if isinstance(v, dict) else getattr(v, "dtype", None) == np.float64 for v in values)
 
 
 ADAPTERS: tuple[ArrayAdapter, ...] = (NumpyArrays(), TorchArrays(), JaxArrays())

@@ -1,28 +1,36 @@
 """The supported region an implementation declares: which sdpa shapes, masks and layouts it can run.
 
 Kernels refuse shapes for reasons of their own (flash: head dims a multiple of 8 up
-to 256; cuDNN: Dv == Dk; Pallas: lengths a multiple of its block). An implementation
-states that once, as ``SUPPORTS`` (a dict, all keys optional)::
+to 256; cuDNN: Dv == Dk; Pallas: lengths a multiple of its block; the Triton tutorial
+kernel: Lq == Lk). An implementation states that once, as ``SUPPORTS`` (a dict, all keys
+optional)::
 
     SUPPORTS = {
         "head_dims": {"min": 16, "max": 256, "multiple": 8},   # Dk (and Dv); or a list [64, 128]
         "value_head_dim": "same",        # "same" (Dv == Dk) or "any" (default)
         "lengths": {"min": 1, "max": 4096, "multiple": 1},      # Lq and Lk
+        "equal_lengths": True,           # Lq == Lk only (default False)
         "masks": ["none", "bool", "float"],                     # mask kinds it takes (default all)
-        "causal": True,                  # accepts is_causal=True (default True)
+        "causal": True,                  # accepts is_causal=True (default True); False; or only with
+                                         # "lq<=lk", "lq>=lk" or "lq==lk"
+        "scale": "any",                  # "any" (default), "positive" or "nonnegative" (None, the
+                                         # default 1/sqrt(Dk), is positive)
         "gqa": True,                     # Hq a multiple of Hkv > 1 head per kv head (default True)
         "max_group": 8,                  # the largest Hq / Hkv (default: no limit)
+        "variants": ["window", "softcap"],  # the variant keywords it runs (default: those its
+                                         # signature accepts); [] for none
     }
 
 and/or a method ``supports(facts) -> str | None`` returning why a case is outside
-(None: inside); facts are those of ``KNOWN_DEVIATIONS`` (op, dtype, device, scale,
-is_causal, mask_kind, Lq, Lk, Dk, Dv, Hq, Hkv).
+(None: inside); facts are those of ``KNOWN_DEVIATIONS`` but ``fully_masked`` (README, "Facts":
+op, dtype, device, scale, is_causal, mask_kind, B, Hq, Hkv, Lq, Lk, Dk, Dv, variants).
 
 The suite draws generated cases *inside* the region (conformance/strategies.py), so an
 implementation that cannot run tiny shapes is judged on kernel-shaped ones instead of
-being starved; a case outside it (a fixture, say) is reported unsupported with the
-reason, never failed. The region describes sdpa and the per-head attention inside
-multi_head_attention; softmax has none.
+being starved; a drawn case that ``supports(facts)`` refuses is filtered out while drawing
+(Hypothesis counts it filtered), never called. A case outside it (a fixture, say) is
+reported unsupported with the reason, never failed. The region describes sdpa and the
+per-head attention inside multi_head_attention; softmax has none.
 """
 from __future__ import annotations
 
@@ -30,7 +38,51 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 MASK_KINDS = ("none", "bool", "float")
-KEYS = ("head_dims", "value_head_dim", "lengths", "masks", "causal", "gqa", "max_group")
+KEYS = ("head_dims", "value_head_dim", "lengths", "equal_lengths", "masks", "causal", "scale", "gqa", "max_group",
+        "variants")
+# "causal": a kernel whose causal path assumes one length relation (a flash kernel's query-block loop that
+# stops at the diagonal) declares it; the top-left band of the contract is the same for all three.
+CAUSAL_RELATIONS = ("lq<=lk", "lq>=lk", "lq==lk")
+# "scale": kernels that take log2 of the scale or fold it into exp2 refuse a zero or negative one.
+SCALE_SIGNS = ("any", "positive", "nonnegative")
+
+
+def causal_lengths_ok(relation: str | None, lq: int, lk: int) -> bool:
+    """Whether a causal case of lengths (Lq, Lk) meets the declared relation (None: any)."""
+    return relation is None or {"lq<=lk": lq <= lk, "lq>=lk": lq >= lk, "lq==lk": lq == lk}[relation]
+
+
+def scale_ok(sign: str, scale) -> bool:
+    """Whether an explicit scale (None: the default 1/sqrt(Dk), positive) has the declared sign."""
+    if scale is None or sign == "any":
+        return True
+    return scale > 0 if sign == "positive" else scale >= 0
+
+
+def variant_keywords() -> tuple[str, ...]:
+    """The variant keywords of sdpa (README, "The contract"): the names a "variants" declaration may list."""
+    from ._registry import VARIANT_DEFAULTS  # noqa: PLC0415 -- _registry imports this module
+
+    return tuple(VARIANT_DEFAULTS)
+
+
+def variants_used(inputs: dict) -> tuple[str, ...]:
+    """The variant keywords a case's inputs pass (a non-default value), sorted: facts["variants"]."""
+    from ._registry import VARIANT_DEFAULTS  # noqa: PLC0415
+
+    used = []
+    for name, default in VARIANT_DEFAULTS.items():
+        value = inputs.get(name, default)
+        if value is not None and not (default is not None and _equal(value, default)):
+            used.append(name)
+    return tuple(sorted(used))
+
+
+def _equal(value, default) -> bool:
+    try:
+        return bool(value == default)
+    except (TypeError, ValueError):  # an array compared with a scalar default
+        return False
 
 
 class RegionError(ValueError):
@@ -102,14 +154,20 @@ class Region:
     gqa: bool = True
     max_group: int | None = None
     check: Callable[[dict], Any] | None = None  # the implementation's supports(facts)
+    equal_lengths: bool = False  # Lq == Lk only
+    causal_lengths: str | None = None  # one of CAUSAL_RELATIONS: causal cases only with it
+    scale: str = "any"  # one of SCALE_SIGNS
+    variants: tuple[str, ...] | None = None  # the variant keywords it runs (None: those its signature accepts)
 
     # ------------------------------------------------------------ questions
     @property
     def declared(self) -> bool:
         return self != Region(check=self.check) or self.check is not None
 
-    def why_outside(self, facts: dict) -> str | None:
-        """Why a case with these facts is outside the region (None: inside)."""
+    def why_outside(self, facts: dict, ask_supports: bool = True) -> str | None:
+        """Why a case with these facts is outside the region (None: inside). Only the facts present are looked at,
+        so a partial set (a derived case's changes, say) asks whether those alone leave the region.
+        ``ask_supports``: False leaves the implementation's supports(facts) out (the declared keys only)."""
         if facts.get("op") == "softmax":
             return None
         for name in ("Dk", "Dv"):
@@ -126,15 +184,28 @@ class Region:
                     return reason
         if facts.get("mask_kind", "none") not in self.masks:
             return f"a {facts['mask_kind']} mask (declared masks: {', '.join(self.masks)})"
+        if self.equal_lengths and "Lq" in facts and "Lk" in facts and facts["Lq"] != facts["Lk"]:
+            return f"Lq {facts['Lq']} != Lk {facts['Lk']} (declared equal_lengths: True)"
         if facts.get("is_causal") and not self.causal:
             return "is_causal=True (declared causal: False)"
+        if facts.get("is_causal") and "Lq" in facts and "Lk" in facts \
+                and not causal_lengths_ok(self.causal_lengths, facts["Lq"], facts["Lk"]):
+            return (f"is_causal=True with Lq {facts['Lq']}, Lk {facts['Lk']} "
+                    f"(declared causal: {self.causal_lengths!r})")
+        if not scale_ok(self.scale, facts.get("scale")):
+            return f"scale {facts['scale']!r} (declared scale: {self.scale!r})"
+        if self.variants is not None:
+            undeclared = [name for name in facts.get("variants", ()) if name not in self.variants]
+            if undeclared:
+                return (f"variant keyword(s) {', '.join(undeclared)} (declared variants: "
+                        f"{', '.join(self.variants) or 'none'})")
         if "Hq" in facts and "Hkv" in facts and facts["Hkv"] and facts["Hq"] != facts["Hkv"]:
             group = facts["Hq"] // facts["Hkv"]
             if not self.gqa:
                 return f"grouped-query attention Hq/Hkv = {group} (declared gqa: False)"
             if self.max_group is not None and group > self.max_group:
                 return f"Hq/Hkv = {group} > declared max_group {self.max_group}"
-        if self.check is not None:
+        if self.check is not None and ask_supports:
             reason = self.check(dict(facts))
             if reason:
                 return f"outside the implementation's supports(): {reason}"
@@ -150,16 +221,25 @@ class Region:
             "head_dims": self.head_dims.describe(),
             "value_head_dim": "same" if self.same_value_dim else "any",
             "lengths": self.lengths.describe(),
+            "equal_lengths": self.equal_lengths,
             "masks": list(self.masks),
-            "causal": self.causal,
+            "causal": self.causal_lengths if self.causal and self.causal_lengths else self.causal,
+            "scale": self.scale,
             "gqa": self.gqa,
             "max_group": self.max_group,
+            "variants": "per signature" if self.variants is None else list(self.variants),
             "supports()": self.check is not None,
         }
 
+    def allows_variant(self, name: str) -> bool:
+        """Whether the region lets the suite draw the variant keyword ``name`` (the signature is asked apart)."""
+        return self.variants is None or name in self.variants
+
 
 def parse_region(declared, check=None, where: str = "SUPPORTS") -> Region:
-    """Region from the SUPPORTS dict (None: everything) and an optional supports(facts) callable."""
+    """Region from the SUPPORTS dict (None: everything) and an optional supports(facts) callable.
+
+    ``where`` names the declaration in errors (the loader passes "<spec>: SUPPORTS")."""
     if declared is None:
         declared = {}
     if not isinstance(declared, dict):
@@ -182,11 +262,34 @@ def parse_region(declared, check=None, where: str = "SUPPORTS") -> Region:
         if bad or not masks:
             raise RegionError(f"{where}['masks'] must list some of {list(MASK_KINDS)}, got {list(masks)!r}")
         kwargs["masks"] = tuple(m for m in MASK_KINDS if m in masks)
-    for key in ("causal", "gqa"):
+    for key in ("gqa", "equal_lengths"):
         if key in declared:
             if not isinstance(declared[key], bool):
                 raise RegionError(f"{where}[{key!r}] must be True or False, got {declared[key]!r}")
             kwargs[key] = declared[key]
+    if "causal" in declared:
+        causal = declared["causal"]
+        if isinstance(causal, bool):
+            kwargs["causal"] = causal
+        elif isinstance(causal, str) and causal.replace(" ", "").lower() in CAUSAL_RELATIONS:
+            kwargs["causal_lengths"] = causal.replace(" ", "").lower()
+        else:
+            raise RegionError(f"{where}['causal'] must be True, False or one of {list(CAUSAL_RELATIONS)} "
+                              f"(causal only with that length relation), got {causal!r}")
+    if "scale" in declared:
+        if declared["scale"] not in SCALE_SIGNS:
+            raise RegionError(f"{where}['scale'] must be one of {list(SCALE_SIGNS)}, got {declared['scale']!r}")
+        kwargs["scale"] = declared["scale"]
+    if "variants" in declared:
+        names = declared["variants"]
+        known = variant_keywords()
+        if isinstance(names, str) or not isinstance(names, (list, tuple)):
+            raise RegionError(f"{where}['variants'] must be a list of variant keywords (some of {list(known)}), "
+                              f"got {names!r}")
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise RegionError(f"{where}['variants'] names unknown variant keywords {unknown}; allowed: {list(known)}")
+        kwargs["variants"] = tuple(n for n in known if n in names)
     if "max_group" in declared:
         if not (isinstance(declared["max_group"], int) and declared["max_group"] >= 1):
             raise RegionError(f"{where}['max_group'] must be an int >= 1, got {declared['max_group']!r}")
@@ -205,6 +308,9 @@ def shape_facts(op: str, inputs: dict) -> dict:
     mask = inputs.get("mask")
     facts["mask_kind"] = "none" if mask is None else ("bool" if str(getattr(mask, "dtype", "")) == "bool" else "float")
     facts["is_causal"] = bool(inputs.get("is_causal", False))
+    if op == "sdpa":
+        facts["scale"] = inputs.get("scale")
+        facts["variants"] = variants_used(inputs)
     if op == "sdpa" and "q" in inputs:
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         facts.update(B=q.shape[0], Hq=q.shape[1], Hkv=k.shape[1], Lq=q.shape[-2], Lk=k.shape[-2],

@@ -189,7 +189,8 @@ class Implementation:
                 kwargs[key] = native(value) if isinstance(value, np.ndarray) else value
                 if isinstance(value, np.ndarray):
                     passed[key] = kwargs[key]
-        return self.operation(op)(*args, **kwargs)
+        with kind.precision(arrays):  # JAX: x64 for a float64 case only (_arrays.py)
+            return self.operation(op)(*args, **kwargs)
 
     def describe(self) -> dict:
         return {

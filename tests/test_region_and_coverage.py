@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+from collections import Counter
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from attention_conformance.conformance import tolerances
+from attention_conformance.conformance import covering, tolerances
 from attention_conformance.conformance.strategies import KERNEL_SCORE_BUDGET, drawing_inside, sdpa_cases
 from attention_conformance.implementations import ImplementationLoadError
 from attention_conformance.implementations._region import RegionError, parse_region, shape_facts
@@ -192,3 +195,158 @@ def test_absent_device_counts_from_workers_are_not_added_twice(monkeypatch):
     assert coverage.absent_lines() == [
         "pytest items deselected (60): cuda is not available on this machine (jax_numpy, torch_math)"]
     assert coverage.COLLECTED == [90]
+
+
+# ------------------------------------------------------------------ issue 24: regions a kernel can state
+@pytest.mark.parametrize("declared, words", [
+    ({"equal_lengths": "yes"}, "SUPPORTS['equal_lengths'] must be True or False, got 'yes'"),
+    ({"causal": "lq<lk"}, "SUPPORTS['causal'] must be True, False or one of ['lq<=lk', 'lq>=lk', 'lq==lk']"),
+    ({"scale": "pos"}, "SUPPORTS['scale'] must be one of ['any', 'positive', 'nonnegative'], got 'pos'"),
+    ({"variants": "window"}, "SUPPORTS['variants'] must be a list of variant keywords"),
+    ({"variants": ["windows"]}, "SUPPORTS['variants'] names unknown variant keywords ['windows']"),
+])
+def test_a_bad_new_region_key_names_implementation_key_and_value(declared, words):
+    impl = type("Impl", (), {"SUPPORTS": declared, "sdpa": staticmethod(lambda q, k, v: q)})
+    with pytest.raises(ImplementationLoadError) as raised:
+        from_object(impl, "impl", "my_kernels:Impl")
+    assert str(raised.value).startswith("my_kernels:Impl: ") and words in str(raised.value), raised.value
+
+
+def test_the_new_region_keys_say_why_a_case_is_outside():
+    region = parse_region({"equal_lengths": True, "causal": "lq<=lk", "scale": "positive", "variants": ["window"]})
+    assert region.why_outside(facts(Lq=9, Lk=9, is_causal=True, scale=0.5, variants=("window",))) is None
+    assert "Lq 9 != Lk 12 (declared equal_lengths: True)" in region.why_outside(facts(Lk=12))
+    assert "scale -1.0 (declared scale: 'positive')" in region.why_outside(facts(scale=-1.0))
+    assert region.why_outside(facts(scale=None)) is None  # the default scale 1/sqrt(Dk) is positive
+    assert "variant keyword(s) softcap (declared variants: window)" in region.why_outside(facts(variants=("softcap",)))
+    causal = parse_region({"causal": "lq<=lk"})
+    assert causal.why_outside(facts(Lq=3, Lk=9, is_causal=True)) is None
+    assert causal.why_outside(facts(Lq=9, Lk=3, is_causal=False)) is None
+    assert "declared causal: 'lq<=lk'" in causal.why_outside(facts(Lq=9, Lk=3, is_causal=True))
+    assert "scale 0.0" in parse_region({"scale": "positive"}).why_outside(facts(scale=0.0))
+    assert parse_region({"scale": "nonnegative"}).why_outside(facts(scale=0.0)) is None
+    # shape_facts gives supports(facts) the scale and the variant keywords a case passes
+    q = np.zeros((1, 2, 3, 4))
+    got = shape_facts("sdpa", {"q": q, "k": q, "v": q, "scale": 0.5, "window": (None, 0), "query_offset": 0})
+    assert got["scale"] == 0.5 and got["variants"] == ("window",)
+
+
+NEW_KEYS = {"equal_lengths": True, "causal": "lq<=lk", "scale": "positive", "masks": ["none", "bool"]}
+
+
+def _assert_inside(case, region):
+    found = shape_facts("sdpa", case.inputs)
+    assert region.why_outside(found) is None, (case, region.why_outside(found))
+
+
+@settings(max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=sdpa_cases(mask_kinds=("none", "bool-full", "key-padding", "float")))
+def _draw_new_keys(case):
+    _assert_inside(case, parse_region(NEW_KEYS))
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=sdpa_cases(causal=st.just(True), scale=st.sampled_from([0.0, -1.0, 0.3, 2.0])))
+def _draw_causal_lq_ge_lk(case):
+    q, k = case.inputs["q"], case.inputs["k"]
+    assert q.shape[2] >= k.shape[2] and case.inputs["scale"] >= 0, case
+
+
+def test_generated_cases_and_corners_lie_inside_the_new_keys():
+    with drawing_inside(parse_region(NEW_KEYS)):
+        _draw_new_keys()
+    with drawing_inside(parse_region({"causal": "lq>=lk", "scale": "nonnegative"})):
+        _draw_causal_lq_ge_lk()
+    # the covering set: every corner of every mask kind built for these regions lies inside (adjusted, not skipped)
+    for declared in (NEW_KEYS, {**NEW_KEYS, "head_dims": {"min": 16, "multiple": 16}, "lengths": {"multiple": 128}},
+                     {"causal": "lq==lk"}):
+        region = parse_region(declared)
+        built = 0
+        with drawing_inside(region):
+            for hints in covering.covering_hints(region, region.takes_small_shapes()):
+                with covering.building(hints):
+                    case = covering.DeterministicDraw(hints["index"])(sdpa_cases(), "case")
+                _assert_inside(case, region)
+                built += 1
+        assert built == len(covering.CORNERS)
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(case=sdpa_cases(mask_kinds=("none", "bool-full")))
+def _draw_supported(case):
+    assert case.inputs["k"].shape[2] % 2 == 0 and case.inputs["q"].shape[2] <= 4, case
+
+
+def test_a_draw_supports_refuses_is_filtered_while_drawing_not_called():
+    """supports(facts) is asked while drawing, with the dtype and device of the run, of the derived cases too;
+    a refused draw is rejected inside Hypothesis (counted as filtered) and no case outside reaches the test."""
+    from attention_conformance.conformance.strategies import DerivedCase
+
+    seen = []
+
+    def supports(found):  # odd key counts, and non-causal cases past 4 queries, are outside
+        seen.append(found)
+        if found["Lk"] % 2:
+            return "odd Lk"
+        return "non-causal with Lq > 4" if not found["is_causal"] and found["Lq"] > 4 else None
+
+    region = parse_region({}, check=supports)
+    without_causal = DerivedCase("runs the case without is_causal", sets={"is_causal": False})
+    with drawing_inside(region, {"dtype": "float32", "device": "cpu"}, (without_causal,)) as drawing:
+        _draw_supported()
+    assert seen and all(f["dtype"] == "float32" and f["device"] == "cpu" for f in seen)
+    reasons = " | ".join(drawing.refused)
+    assert "derived case leaves the region: runs the case without is_causal: outside the implementation's " \
+           "supports(): non-causal with Lq > 4" in reasons and "odd Lk" in reasons, reasons
+    # A derived case that can never lie inside the declared keys is decided at collection (no draw at all).
+    shifted = DerivedCase("adds a float mask", sets={"mask_kind": "float"})
+    assert shifted.leaves(parse_region({"masks": ["none"]})).startswith("derived case leaves the region: adds a float")
+    assert shifted.leaves(region) is None
+
+
+# Calls each property makes per example (the stand-ins log every call); batch_and_heads: the case, then each
+# batch and head alone.
+CALLS_PER_EXAMPLE = {"test_default_scale": 1, "test_causal_top_left": 1, "test_explicit_scale": 1,
+                     "test_cross_attention_and_value_dim": 1, "test_shift_invariance": 2, "test_key_permutation": 2,
+                     "test_key_lengths_are_a_key_padding_mask": 2}
+
+
+def _calls_per_example(test: str, label: str) -> int:
+    if test == "test_batch_and_heads_independent":
+        b, hq = (int(x) for x in re.search(r"B(\d+) Hq(\d+)", label).groups())
+        return 1 + b * hq
+    return CALLS_PER_EXAMPLE[test]
+
+
+def test_narrow_regions_lose_no_generated_case_and_no_call(tmp_path):
+    """Kernels declaring Lq == Lk, no masks (with causal Lq <= Lk and positive scales), a region only supports()
+    knows, and key_lengths without query_lengths: no generated case is unsupported, every call is of a judged case
+    (calls counted per test against the cases judged), and a property whose derived case leaves the region is
+    skipped before any call, saying so."""
+    log, report = tmp_path / "calls.jsonl", tmp_path / "report.json"
+    names = ("EqualLengths", "MasksNone", "EvenKeys", "KeyLengthsOnly")
+    impls = [arg for name in names for arg in ("--impl", f"tests.region_standins:{name}")]
+    done = pytest_run("conformance/test_properties.py", "conformance/test_variants.py", *impls, "-rs",
+                      "-k", " or ".join([*CALLS_PER_EXAMPLE, "test_batch_and_heads_independent", "test_varlen"]),
+                      "--hypothesis-seed", "0", "--conformance-report", str(report),
+                      env={"REGION_STANDIN_LOG": str(log)})
+    assert done.returncode == 0, done.stdout[-3000:]
+    written = json.loads(report.read_text())
+    for name, entry in written["summary"].items():
+        assert entry["unsupported"] == 0 and entry["judged"] > 0, (name, entry)
+    assert not [c for c in written["cases"] if c["status"] != "passed"]
+    expected = Counter()
+    for case in written["cases"]:
+        test = case["test"].split("::")[-1].split("[")[0]
+        expected[case["implementation"], test] += _calls_per_example(test, case["case"])
+    calls = Counter((c["impl"], c["test"].split("::")[-1].split("[")[0])
+                    for c in map(json.loads, log.read_text().splitlines()))
+    assert calls == expected  # every call belongs to a judged case: none was discarded
+    assert calls["standin_equal_lengths", "test_shift_invariance"] > 0
+    assert ("standin_masks_none", "test_shift_invariance") not in calls
+    skipped = done.stdout.split("short test summary info")[-1]
+    assert "derived case leaves the region: adds a float mask to every score: a float mask (declared masks: none)" \
+        in skipped
+    assert "derived case leaves the region: runs each batch and head alone: outside the implementation's " \
+           "supports(): one query head (for every draw; nothing was called)" in skipped
+    assert "standin_key_lengths_only.sdpa has no 'query_lengths' parameter" in skipped  # test_varlen needs both
