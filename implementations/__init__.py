@@ -20,10 +20,12 @@ and optionally the attributes
                        or a dict {"bool": ..., "float": ...} when it depends on the mask kind
                        ("bool" also covers rows emptied by is_causal)
     NAME               the id shown in test ids and reports (default: the --impl spec)
-    SUPPORTS           the region it can run: {"head_dims", "value_head_dim", "lengths", "masks",
-                       "causal", "gqa", "max_group"} (implementations/_region.py); generated cases
-                       are drawn inside it, a case outside it is unsupported, never failed
-    supports(facts)    optional method: why a case is outside the region (str), or None
+    SUPPORTS           the region it can run: {"head_dims", "value_head_dim", "lengths", "equal_lengths",
+                       "masks", "causal" (or "lq<=lk", "lq>=lk", "lq==lk"), "scale", "gqa", "max_group",
+                       "variants"} (implementations/_region.py); generated cases are drawn inside it, a
+                       case outside it is unsupported, never failed
+    supports(facts)    optional method: why a case is outside the region (str), or None; asked while
+                       drawing, so a case it refuses is never generated (README, "Facts")
     FLOAT32_MATMUL     "ieee" (default) or "tf32", or {device: mode}: float32 matmuls round their
                        inputs to TF32; the float32 tolerance then allows that rounding and no more
     COMPILED           True when each new input signature compiles (torch.compile, a JIT): the
