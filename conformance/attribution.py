@@ -27,6 +27,8 @@ VARIANT_CLAUSE_KEYWORDS = {
     "sdpa.window": ("window",), "sdpa.softcap": ("softcap",), "sdpa.alibi": ("alibi_slopes",),
     "sdpa.query-offset": ("query_offset",), "sdpa.varlen": ("key_lengths", "query_lengths"),
     "sdpa.variant-order": ("softcap", "alibi_slopes", "window", "key_lengths", "query_offset"),
+    "sdpa.learnable-sink": ("learnable_sink",), "sdpa.sink-tokens": ("sink_token_length",),
+    "sdpa.attention-chunk": ("attention_chunk",), "sdpa.key-leftpad": ("key_leftpad",),
 }
 
 

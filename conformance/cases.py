@@ -12,11 +12,13 @@ import numpy as np
 from attention_conformance.implementations._arrays import numpy_dtype
 
 ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params", "alibi_slopes", "query_lengths",
-                "key_lengths")
-# The contract's form of these (README, "The contract"): ALiBi slopes are float32 (float64 in float64
-# cases), whatever the dtype of q; lengths are int32. Neither is rounded to a 16-bit dtype.
+                "key_lengths", "learnable_sink", "key_leftpad")
+# The contract's form of these (README, "The contract"): ALiBi slopes and learnable sink logits are float32
+# (float64 in float64 cases), whatever the dtype of q; lengths and left paddings are int32. None is rounded to
+# a 16-bit dtype.
 SLOPES = "alibi_slopes"
-LENGTHS = ("query_lengths", "key_lengths")
+FLOAT32_PARAMETERS = (SLOPES, "learnable_sink")
+LENGTHS = ("query_lengths", "key_lengths", "key_leftpad")
 
 
 class Case:
@@ -48,7 +50,7 @@ class Case:
                 return {key: cast(item) for key, item in value.items()}
             if name in LENGTHS and value is not None:
                 return np.asarray(value).astype(np.int32)
-            if name == SLOPES and value is not None:
+            if name in FLOAT32_PARAMETERS and value is not None:
                 return np.asarray(value).astype(np.float64 if dtype == "float64" else np.float32)
             if isinstance(value, np.ndarray) and value.dtype != np.bool_:
                 # A -1e9 mask entry becomes -inf in float16, as the framework's own cast makes it.

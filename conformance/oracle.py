@@ -33,28 +33,41 @@ def causal_allowed(lq: int, lk: int, *, bottom_right: bool = False) -> np.ndarra
 
 
 def positions_allowed(lq: int, lk: int, is_causal: bool = False, window=None, query_offset: int = 0,
-                      key_lengths=None) -> np.ndarray:
-    """(B or 1, 1, lq, lk) boolean: the keys the causal band, the window and the key lengths leave to each query.
+                      key_lengths=None, *, sink_token_length: int = 0, attention_chunk=None,
+                      key_leftpad=None) -> np.ndarray:
+    """(B or 1, 1, lq, lk) boolean: the keys the causal band, the window, the chunk, the key lengths and the left
+    padding leave to each query.
 
     Query row i sits at position p_i = query_offset + i, key j at j (spec/clauses.yaml, sdpa.query-offset):
     is_causal keeps j <= p_i; window=(left, right) keeps p_i - left <= j <= p_i + right (both edges
     inclusive, None unbounded on that side: sdpa.window); key_lengths[b] keeps j < key_lengths[b] (sdpa.varlen).
+    key_leftpad[b] = P removes keys j < P and counts positions from the first real key: key j at j - P, query row
+    i at p_i - P (sdpa.key-leftpad). Differences of positions, hence the band, the window and ALiBi, do not move;
+    what counts from the first real key is the chunk and the sink tokens. attention_chunk = C keeps the keys of
+    the query's chunk, floor((j - P) / C) = floor((p_i - P) / C) (sdpa.attention-chunk); the first
+    sink_token_length real keys, 0 <= j - P < n, escape the window's left edge only (sdpa.sink-tokens).
     """
-    position = int(query_offset) + np.arange(lq)[:, None]
-    key = np.arange(lk)[None, :]
-    allowed = np.ones((lq, lk), dtype=bool)
+    pad = 0 if key_leftpad is None else np.asarray(key_leftpad).astype(np.int64).reshape(-1, 1, 1, 1)
+    position = int(query_offset) + np.arange(lq)[:, None] - pad  # (lq, 1) or (B, 1, lq, 1)
+    key = np.arange(lk)[None, :] - pad  # (1, lk) or (B, 1, 1, lk)
+    allowed = np.ones(np.broadcast_shapes(np.shape(position), np.shape(key)), dtype=bool)
     if is_causal:
         allowed &= key <= position
     if window is not None:
         left, right = window
         if left is not None:
-            allowed &= key >= position - int(left)
+            sink_token = (key >= 0) & (key < int(sink_token_length))
+            allowed &= (key >= position - int(left)) | sink_token
         if right is not None:
             allowed &= key <= position + int(right)
-    allowed = allowed[None, None]
+    if attention_chunk is not None:
+        allowed &= np.floor_divide(key, int(attention_chunk)) == np.floor_divide(position, int(attention_chunk))
+    if key_leftpad is not None:
+        allowed &= key >= 0
+    allowed = allowed if allowed.ndim == 4 else allowed[None, None]
     if key_lengths is not None:
         lengths = np.asarray(key_lengths).astype(np.int64).reshape(-1, 1, 1, 1)
-        allowed = allowed & (key[None, None] < lengths)
+        allowed = allowed & (np.arange(lk)[None, None, None, :] < lengths)
     return allowed
 
 
@@ -71,13 +84,16 @@ def softcapped(s, softcap) -> np.ndarray:
     return s if softcap is None else float(softcap) * np.tanh(s / float(softcap))
 
 
+KEY_CHOICE = ("window", "query_offset", "key_lengths", "sink_token_length", "attention_chunk", "key_leftpad")
+
+
 def attention_bias(mask, is_causal: bool, lq: int, lk: int, *, window=None, query_offset: int = 0,
-                   key_lengths=None) -> np.ndarray:
+                   key_lengths=None, sink_token_length: int = 0, attention_chunk=None, key_leftpad=None) -> np.ndarray:
     """The additive bias a mask and the key-removing options stand for: 0 or the float mask where allowed, -inf elsewhere.
 
     A boolean mask is True where the query may attend; a float mask is added as
-    it is. The causal flag (shifted by query_offset), the window and the key lengths
-    intersect with either. Result broadcasts to (..., lq, lk).
+    it is. The causal flag (shifted by query_offset), the window, the chunk, the key lengths and the
+    left padding (KEY_CHOICE, positions_allowed) intersect with either. Result broadcasts to (..., lq, lk).
     """
     bias = np.zeros((lq, lk))
     if mask is not None:
@@ -86,9 +102,13 @@ def attention_bias(mask, is_causal: bool, lq: int, lk: int, *, window=None, quer
             bias = np.where(mask, 0.0, -np.inf)
         else:
             bias = bias + _f64(mask)
-    if is_causal or window is not None or key_lengths is not None:
-        allowed = positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths)
-        if window is None and key_lengths is None and not query_offset:
+    plain_band = window is None and key_lengths is None and not query_offset and attention_chunk is None \
+        and key_leftpad is None
+    if is_causal or not plain_band:
+        allowed = positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths,
+                                    sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                                    key_leftpad=key_leftpad)
+        if plain_band:
             allowed = allowed[0, 0]  # the plain causal band keeps its (lq, lk) shape
         bias = np.where(allowed, bias, -np.inf)
     return bias
@@ -97,7 +117,7 @@ def attention_bias(mask, is_causal: bool, lq: int, lk: int, *, window=None, quer
 def variant_options(inputs: dict) -> dict:
     """The variant keywords a case's inputs use (the non-default ones), by name."""
     return {name: inputs[name] for name, default in VARIANT_DEFAULTS.items()
-            if name in inputs and inputs[name] is not None and not (name == "query_offset" and inputs[name] == default)}
+            if name in inputs and inputs[name] is not None and not (default is not None and inputs[name] == default)}
 
 
 def judged_rows(q, query_lengths=None) -> np.ndarray:
@@ -117,11 +137,13 @@ def repeat_kv_heads(x: np.ndarray, num_query_heads: int) -> np.ndarray:
 
 
 def scores(q, k, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-           query_offset=0, query_lengths=None, key_lengths=None) -> np.ndarray:
+           query_offset=0, query_lengths=None, key_lengths=None, sink_token_length=0, attention_chunk=None,
+           key_leftpad=None, learnable_sink=None) -> np.ndarray:
     """The matrix the softmax sees, in the order of sdpa.variant-order: s = scale q.k, then
     softcap * tanh(s / softcap), then the ALiBi bias, then the float mask; the boolean mask, the
-    causal band, the window and the key lengths set removed keys to -inf. query_lengths does not
-    change scores (padded query rows are computed and not judged)."""
+    causal band, the window, the chunk, the key lengths and the left padding set removed keys to -inf.
+    query_lengths does not change scores (padded query rows are computed and not judged); nor does
+    learnable_sink, which is no key's score: it joins the normaliser only (attention_weights)."""
     q, k = _f64(q), _f64(k)
     k = repeat_kv_heads(k, q.shape[1]) if q.ndim == 4 else k
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -130,13 +152,33 @@ def scores(q, k, mask=None, is_causal=False, scale=None, *, window=None, softcap
     if alibi_slopes is not None:
         s = s + alibi_bias(alibi_slopes, lq, lk, query_offset)
     return s + attention_bias(mask, is_causal, lq, lk, window=window, query_offset=query_offset,
-                              key_lengths=key_lengths)
+                              key_lengths=key_lengths, sink_token_length=sink_token_length,
+                              attention_chunk=attention_chunk, key_leftpad=key_leftpad)
 
 
-def attention_weights(q, k, mask=None, is_causal=False, scale=None, **variants) -> np.ndarray:
-    """softmax of the scores; a fully masked row gets all-zero weights. ``variants``: those of ``scores``."""
+def sink_logits(learnable_sink, num_query_heads: int) -> np.ndarray:
+    """(1, Hq, 1, 1): the learnable sink logit of each query head (sdpa.learnable-sink)."""
+    sink = _f64(learnable_sink).reshape(-1)
+    if sink.shape != (num_query_heads,):
+        raise ValueError(f"learnable_sink has shape {np.shape(learnable_sink)}; (Hq,) = ({num_query_heads},) expected")
+    return sink.reshape(1, -1, 1, 1)
+
+
+def attention_weights(q, k, mask=None, is_causal=False, scale=None, learnable_sink=None, **variants) -> np.ndarray:
+    """softmax of the scores; a fully masked row gets all-zero weights. ``variants``: those of ``scores``.
+
+    With ``learnable_sink`` (sdpa.learnable-sink) the sink logit sigma_h of query head h joins the normaliser and
+    takes no value: p_ij = exp(s_ij - m_i) / (exp(sigma_h - m_i) + sum_l exp(s_il - m_i)), m_i = max(sigma_h,
+    max_l s_il). The weights then sum to 1 - exp(sigma_h - m_i) / Z_i < 1; a row without keys has m_i = sigma_h,
+    Z_i = 1 and weights exactly 0 (no 0/0: the declared FULLY_MASKED_ROWS does not apply to it).
+    """
     s = scores(q, k, mask, is_causal, scale, **variants)
     row_max = np.max(s, axis=-1, keepdims=True)
+    if learnable_sink is not None:
+        sink = sink_logits(learnable_sink, np.shape(q)[1])
+        row_max = np.maximum(row_max, sink)
+        e = np.exp(s - row_max)
+        return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - row_max))
     fully_masked = np.isneginf(row_max)
     e = np.exp(s - np.where(fully_masked, 0.0, row_max))
     total = np.sum(e, axis=-1, keepdims=True)
@@ -144,31 +186,42 @@ def attention_weights(q, k, mask=None, is_causal=False, scale=None, **variants) 
 
 
 def fully_masked_rows(q, k, mask=None, is_causal=False, *, window=None, query_offset=0, key_lengths=None,
+                      sink_token_length=0, attention_chunk=None, key_leftpad=None, learnable_sink=None,
                       **_values) -> np.ndarray:
-    """(B, Hq, Lq) boolean: rows in which no key may be attended (softcap and ALiBi never remove a key)."""
+    """(B, Hq, Lq) boolean: rows in which no key may be attended (softcap and ALiBi never remove a key).
+
+    With a learnable sink no row is: a row without keys attends the sink alone and is exactly 0 by the
+    definition (attention_weights), whatever FULLY_MASKED_ROWS an implementation declares."""
     lq, lk = q.shape[-2], k.shape[-2]
-    bias = attention_bias(mask, is_causal, lq, lk, window=window, query_offset=query_offset, key_lengths=key_lengths)
-    bias = np.broadcast_to(bias, q.shape[:-2] + (lq, lk))
+    target = q.shape[:-2] + (lq, lk)
+    if learnable_sink is not None:
+        return np.zeros(target[:-1], dtype=bool)
+    bias = attention_bias(mask, is_causal, lq, lk, window=window, query_offset=query_offset, key_lengths=key_lengths,
+                          sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                          key_leftpad=key_leftpad)
+    bias = np.broadcast_to(bias, target)
     return np.all(np.isneginf(bias), axis=-1)
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_policy: str = "zeros", *, window=None,
-         softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None) -> np.ndarray:
+         softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None,
+         sink_token_length=0, attention_chunk=None, key_leftpad=None) -> np.ndarray:
     """Scaled dot-product attention, (B, Hq, Lq, Dv) float64.
 
     ``fully_masked_rows_policy`` gives the result for rows with no attendable key:
-    'zeros' (the canonical one), 'nan', or 'uniform' (the mean of v over all keys).
+    'zeros' (the canonical one), 'nan', or 'uniform' (the mean of v over all keys); with a learnable
+    sink such a row is 0 under every policy (fully_masked_rows).
     The keyword-only options are the variants of the contract (README, "The contract";
-    spec/clauses.yaml sdpa.window ... sdpa.variant-order). Rows i >= query_lengths[b] are
-    padding: computed like any other row here, and never judged (judged_rows).
+    spec/clauses.yaml sdpa.window ... sdpa.variant-order, sdpa.learnable-sink ... sdpa.key-leftpad). Rows
+    i >= query_lengths[b] are padding: computed like any other row here, and never judged (judged_rows).
     """
-    variants = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, query_offset=query_offset,
-                    key_lengths=key_lengths)
+    keys = dict(window=window, query_offset=query_offset, key_lengths=key_lengths,
+                sink_token_length=sink_token_length, attention_chunk=attention_chunk, key_leftpad=key_leftpad)
     v = repeat_kv_heads(_f64(v), np.shape(q)[1])
-    weights = attention_weights(q, k, mask, is_causal, scale, **variants)
+    weights = attention_weights(q, k, mask, is_causal, scale, softcap=softcap, alibi_slopes=alibi_slopes,
+                                learnable_sink=learnable_sink, **keys)
     out = weights @ v
-    empty = fully_masked_rows(q, k, mask, is_causal, window=window, query_offset=query_offset,
-                              key_lengths=key_lengths)[..., None]
+    empty = fully_masked_rows(q, k, mask, is_causal, learnable_sink=learnable_sink, **keys)[..., None]
     if fully_masked_rows_policy == "nan":
         out = np.where(empty, np.nan, out)
     elif fully_masked_rows_policy == "uniform":

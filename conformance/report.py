@@ -170,8 +170,8 @@ def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: s
             lines.append("}")
             arrays[name] = name
         elif isinstance(value, np.ndarray):
-            # Lengths (int32) and ALiBi slopes (float32/float64) keep their own dtype (README, "The contract").
-            own = value.dtype.kind in "iu" or name == "alibi_slopes"
+            # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype (README, "The contract").
+            own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink")
             lines.append(f"{name} = {_array_literal(value, str(value.dtype) if own else dtype)}")
             arrays[name] = name
         else:

@@ -209,12 +209,15 @@ def _check_shapes(fx: Fixture) -> np.ndarray:
         if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
             fail("inputs.k", f"shape {k.shape} does not fit q {q.shape} (same B and Dk, Hkv dividing Hq)")
         b, hq, lq = q.shape[:3]
-        for name, limit in (("query_lengths", lq), ("key_lengths", k.shape[2])):
+        for name, limit in (("query_lengths", lq), ("key_lengths", k.shape[2]), ("key_leftpad", k.shape[2])):
             if name in inputs and (inputs[name].shape != (b,) or (inputs[name] > limit).any()):
                 fail(f"inputs.{name}", f"{inputs[name].tolist()}: {b} length(s) (B,) each at most {limit} expected")
         slopes = inputs.get("alibi_slopes")
         if slopes is not None and slopes.shape not in ((hq,), (b, hq)):
             fail("inputs.alibi_slopes", f"shape {slopes.shape}; (Hq,) = ({hq},) or (B, Hq) = ({b}, {hq}) expected")
+        sink = inputs.get("learnable_sink")
+        if sink is not None and (sink.shape != (hq,) or not np.isfinite(sink).all()):
+            fail("inputs.learnable_sink", f"{sink.tolist()}: (Hq,) = ({hq},) finite logits expected")
         if "v" in inputs and inputs["v"].shape[:3] != k.shape[:3]:
             fail("inputs.v", f"shape {inputs['v'].shape} does not fit k {k.shape} (same B, Hkv, Lk)")
         if "mask" in inputs:
@@ -355,7 +358,7 @@ def _load_entry(path: Path, document: dict, item: dict, known_clauses: dict[str,
     for name, value in item["inputs"].items():
         if name == "window":  # (left, right), None unbounded: structure, not an array
             inputs[name] = tuple(value)
-        elif name in ("query_lengths", "key_lengths"):
+        elif name in ("query_lengths", "key_lengths", "key_leftpad"):
             inputs[name] = np.asarray(value, dtype=np.int32)
         elif name == "params":
             inputs[name] = {p: materialise(a, path, entry, f"inputs.params.{p}") for p, a in value.items()}

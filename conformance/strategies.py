@@ -613,3 +613,72 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
             words.append(f"query_lengths={inputs['query_lengths'].tolist()}")
     _keep_inside(draw, shape_facts("sdpa", inputs))
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)
+
+
+# ------------------------------------------------------------------ variants of issue 25
+# Learnable attention sinks, sink tokens, chunked local attention and left padding (README "The contract";
+# spec/clauses.yaml sdpa.learnable-sink ... sdpa.key-leftpad), each drawn at its edges on a case of variant_cases:
+# sink logits above every score of the row, among them, far below them (no effect) or mixed across heads, also on
+# rows without keys; chunks of 1, 2, a few, the key length and past it; sink tokens 1 .. Lk beside a window whose
+# left edge is bounded (without one they change nothing); left paddings of 0, 1, Lk (every key padding) or between.
+SINK_FEATURES = ("learnable_sink", "sink_token_length", "attention_chunk", "key_leftpad")
+SINK_FORMS = ("above", "among", "below", "mixed")
+
+
+def _sink_logits(form: str, rng: np.random.Generator, top: float, heads: int) -> np.ndarray:
+    """(Hq,) sink logits relative to the case's largest |score| ``top``: above it by 0.5 .. 8, among the scores
+    (|sigma| <= top + 1), below -top by 20 .. 40 (a weight of e^-20 or less: the row is unchanged), or each head
+    its own form."""
+    forms = rng.choice(SINK_FORMS[:3], size=heads) if form == "mixed" else np.full(heads, form)
+    above = top + rng.uniform(0.5, 8.0, heads)
+    among = rng.uniform(-1.0, 1.0, heads) * (top + 1.0)
+    below = -top - rng.uniform(20.0, 40.0, heads)
+    return np.where(forms == "above", above, np.where(forms == "among", among, below))
+
+
+def _chunks(length: int):
+    return st.sampled_from(sorted({1, 2, 3, max(length // 2, 1), max(length, 1), length + 1})) | st.integers(
+        1, max(length, 1) + 2)
+
+
+def _sink_token_lengths(length: int):
+    return st.sampled_from(sorted({1, 2, 4, max(length, 1)})) | st.integers(1, max(length, 1))
+
+
+@st.composite
+def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), clauses=("sdpa.learnable-sink",),
+                             mask_kinds=("none",), causal=st.booleans(), **base) -> Case:
+    """An sdpa case using the issue-25 keywords named in ``features`` (each always used; SINK_FEATURES) on a case
+    of variant_cases with the older variant keywords ``variants`` (VARIANTS). With sink_token_length, a window
+    whose left edge is unbounded gets a bounded one (the sink tokens' only effect). ``base``: further keywords of
+    variant_cases / sdpa_cases."""
+    case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal, **base),
+                label="variant case")
+    inputs = dict(case.inputs)
+    q, k = inputs["q"], inputs["k"]
+    b, hq, lq, _ = q.shape
+    lk = k.shape[2]
+    words = []
+    if "sink_token_length" in features:
+        left, right = inputs.get("window") or (None, None)
+        if left is None:
+            left = draw(st.sampled_from([0, 1, lk, lk + 3]) | st.integers(0, max(lk, 1)), label="window left")
+            inputs["window"] = (left, right)
+            words.append(f"window={inputs['window']}")
+        inputs["sink_token_length"] = draw(_sink_token_lengths(lk), label="sink_token_length")
+        words.append(f"sink_tokens={inputs['sink_token_length']}")
+    if "attention_chunk" in features:
+        inputs["attention_chunk"] = draw(_chunks(lk), label="attention_chunk")
+        words.append(f"chunk={inputs['attention_chunk']}")
+    if "key_leftpad" in features:
+        inputs["key_leftpad"] = np.array([draw(_lengths(lk), label="key leftpad") for _ in range(b)], dtype=np.int32)
+        words.append(f"key_leftpad={inputs['key_leftpad'].tolist()}")
+    if "learnable_sink" in features:
+        form = draw(st.sampled_from(SINK_FORMS), label="sink logits")
+        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="sink seed"))
+        scores = oracle.scores(q, k, inputs.get("mask"), inputs.get("is_causal", False), inputs.get("scale"),
+                               **oracle.variant_options(inputs))
+        top = float(np.max(np.abs(np.where(np.isfinite(scores), scores, 0.0)), initial=0.0))
+        inputs["learnable_sink"] = _sink_logits(form, rng, top, hq)
+        words.append(f"sink={form}")
+    return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)

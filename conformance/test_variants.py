@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from attention_conformance.conformance import oracle
 from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.strategies import DerivedCase, variant_cases
+from attention_conformance.conformance.strategies import VARIANTS, sink_chunk_leftpad_cases
 from attention_conformance.conformance.test_properties import _derived, _judge, _same, check, property_test
 from attention_conformance.implementations._registry import missing_keywords_message
 
@@ -147,3 +148,62 @@ def test_key_lengths_are_a_key_padding_mask(impl, device, dtype, case):
     judged = np.broadcast_to(judge.judged_rows(case, inputs)[..., None], first.shape)
     _same(judge, case, np.where(judged, first, 0.0), np.where(judged, second, 0.0), inputs, "sdpa.varlen",
           "key lengths against the same keys masked")
+
+
+# ----------------------------------------------------------------- issue 25: sinks, chunks, left padding
+# Against the oracle, each drawn at its edges (strategies.sink_chunk_leftpad_cases) with the features it combines
+# with (spec/clauses.yaml sdpa.learnable-sink ... sdpa.key-leftpad say how).
+# The variant keywords of issue 17 that VARIANTS draws ("lengths" passes both per-example lengths).
+VARIANT_KEYWORDS = ("window", "softcap", "alibi_slopes", "query_offset", "key_lengths", "query_lengths")
+
+
+@property_test(covering_set="brief", requires=needs("learnable_sink"))
+@sdpa_op
+@given(case=sink_chunk_leftpad_cases(features=("learnable_sink",), clauses=("sdpa.learnable-sink",),
+                                     mask_kinds=("none", "bool-full", "key-padding", "float")))
+def test_learnable_sink(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@property_test(covering_set="brief", requires=needs("learnable_sink", *VARIANT_KEYWORDS))
+@sdpa_op
+@given(case=sink_chunk_leftpad_cases(features=("learnable_sink",), variants=VARIANTS, clauses=("sdpa.learnable-sink",),
+                                     mask_kinds=("none", "float")))
+def test_learnable_sink_joins_after_the_other_variants(impl, device, dtype, case):
+    """The sink joins the normaliser after softcap, ALiBi, the float mask, the window and the lengths."""
+    check(impl, device, dtype, case)
+
+
+@property_test(covering_set="brief", requires=needs("sink_token_length", "window", "query_offset"))
+@sdpa_op
+@given(case=sink_chunk_leftpad_cases(features=("sink_token_length",), variants=("window", "query_offset"),
+                                     clauses=("sdpa.sink-tokens",), mask_kinds=("none", "key-padding")))
+def test_sink_tokens(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@property_test(covering_set="brief", requires=needs("attention_chunk", "query_offset"))
+@sdpa_op
+@given(case=sink_chunk_leftpad_cases(features=("attention_chunk",), variants=("query_offset",),
+                                     clauses=("sdpa.attention-chunk",), mask_kinds=("none", "bool-full")))
+def test_attention_chunk(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@property_test(covering_set="brief", requires=needs("key_leftpad", "query_offset"))
+@sdpa_op
+@given(case=sink_chunk_leftpad_cases(features=("key_leftpad",), variants=("query_offset",),
+                                     clauses=("sdpa.key-leftpad",), mask_kinds=("none", "bool-full")))
+def test_key_leftpad(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
+@property_test(covering_set="brief", requires=needs("key_leftpad", "attention_chunk", "sink_token_length", "window",
+                                                    "query_offset", "key_lengths", "query_lengths"))
+@sdpa_op
+@given(case=sink_chunk_leftpad_cases(features=("key_leftpad", "attention_chunk", "sink_token_length"),
+                                     variants=("window", "query_offset", "lengths"), clauses=("sdpa.key-leftpad",),
+                                     mask_kinds=("none", "key-padding")))
+def test_key_leftpad_positions(impl, device, dtype, case):
+    """Chunks and sink tokens count from the first real key; key_lengths stays the end of the real keys."""
+    check(impl, device, dtype, case)

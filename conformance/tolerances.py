@@ -92,8 +92,7 @@ def _variant_score_error(q, k, scale_value: float, u: float, softcap=None, alibi
     """
     if softcap is None and alibi_slopes is None:
         return 0.0
-    factor = float(model()["sixteen_bit"]["safety_factor"] if sixteen_bit else model()["safety_factor"])
-    c = {key: float(value) * factor for key, value in model()["variants"].items() if key.startswith("c_")}
+    c = _variant_constants(sixteen_bit)
     lq, lk = q.shape[-2], k.shape[-2]
     extra = 0.0
     if softcap is not None:
@@ -106,7 +105,23 @@ def _variant_score_error(q, k, scale_value: float, u: float, softcap=None, alibi
 
 def _key_options(variants: dict) -> dict:
     """The variants that remove keys (attention_bias's keywords)."""
-    return {n: variants[n] for n in ("window", "query_offset", "key_lengths") if n in variants}
+    return {n: variants[n] for n in oracle.KEY_CHOICE if n in variants}
+
+
+def _variant_constants(sixteen_bit: bool = False) -> dict:
+    """The c_ of spec/tolerances.yaml 'variants', times the safety factor of the model they enter."""
+    factor = float(model()["sixteen_bit"]["safety_factor"] if sixteen_bit else model()["safety_factor"])
+    return {key: float(value) * factor for key, value in model()["variants"].items() if key.startswith("c_")}
+
+
+def _sink_shift(scores_: np.ndarray, sink: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(m_i, m_i - max_l s_il): the row maximum with the sink logit (spec/tolerances.yaml, variants, sinks) and
+    how far it lies above the row's largest score (0 unless the sink is the maximum; the sink alone where the row
+    has no key)."""
+    finite = np.isfinite(scores_)
+    top = np.max(np.where(finite, scores_, -np.inf), axis=-1, keepdims=True)
+    m = np.maximum(top, sink)
+    return m, np.where(np.isfinite(top), m - top, 0.0)
 
 
 def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_in: float = 0.0, **variants):
@@ -135,7 +150,21 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
     # A fully masked row attends nothing; under the 'uniform' policy it averages all of v.
     empty = ~attended.any(axis=-1, keepdims=True)
     v_max = np.where(empty, np.max(v_row_max, axis=-1, keepdims=True), v_max)
-    allowed = sdpa_row_bound(u, v_max, np.sum(weights * score_error, axis=-1, keepdims=True), lk)
+    weighted = np.sum(weights * score_error, axis=-1, keepdims=True)
+    terms = lk
+    if variants.get("learnable_sink") is not None:
+        # The sink as one more term of the normaliser, a key of value 0 (spec/tolerances.yaml, variants): its logit
+        # rounded and shifted, c_sink u (|sigma| + |sigma - m|), weighted by its own weight p_0; every key's shift
+        # grows by m - max_l s_l where the sink is the maximum; the normaliser sums Lk + 1 terms.
+        c = _variant_constants()
+        sink = oracle.sink_logits(variants["learnable_sink"], q.shape[1])
+        s_all = oracle.scores(q, k, mask, is_causal, scale, **variants)
+        m, above = _sink_shift(s_all, sink)
+        p_sink = np.exp(sink - m) / (np.sum(np.exp(s_all - m), axis=-1, keepdims=True) + np.exp(sink - m))
+        weighted = weighted + c["c_sink"] * u * (np.sum(weights, axis=-1, keepdims=True) * above
+                                                 + p_sink * (np.abs(sink) + np.abs(sink - m)))
+        terms = lk + 1
+    allowed = sdpa_row_bound(u, v_max, weighted, terms)
     allowed = allowed + c_in * 2 * u_in * v_max
     if dv is not None:
         allowed = allowed + weights @ dv
@@ -194,6 +223,13 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     # 1e-308 underflows to 0 there, yet a bfloat16 score offset by a float mask of -1e9 (spacing 4e6)
     # can make it the largest (a gap of 1384 between two such scores failed correct paths 409x).
     s_full = oracle.scores(q, k, mask, is_causal, scale, **variants)
+    sink = variants.get("learnable_sink")
+    if sink is not None:
+        # The learnable sink is one more column of the normaliser, a key of value 0 (spec/tolerances.yaml, variants):
+        # every bound below then holds for it as for a key. Its logit is never a product (raw 0 there).
+        column = np.broadcast_to(oracle.sink_logits(sink, q.shape[1]), s_full.shape[:-1] + (1,))
+        s_full = np.concatenate([s_full, column], axis=-1)
+        raw = np.concatenate([raw, np.zeros_like(column)], axis=-1)
     attended = np.isfinite(s_full)
     s = np.where(attended, s_full, 0.0)
     row_max = np.max(np.where(attended, s, -np.inf), axis=-1, keepdims=True)
@@ -204,11 +240,19 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     p = np.exp(log_p)  # the exact weights; 0 on removed keys and on fully masked rows
     # delta_ij: the score's own roundings (product, scale, mask addition, max shift) and its float32 sum.
     delta = u * (c["c_score_round"] * np.abs(raw) + np.abs(s) + np.abs(shift))
-    delta = delta + c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
-    delta = delta + _variant_score_error(q, k, scale_value, u, sixteen_bit=True, **variants)
+    keys_delta = c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
+    keys_delta = keys_delta + _variant_score_error(q, k, scale_value, u, sixteen_bit=True, **variants)
     if dq is not None:
-        delta = delta + abs(scale_value) * np.sqrt((dq * dq) @ (kt * kt) + (q * q) @ np.swapaxes(dk * dk, -1, -2))
-    delta = np.where(attended, delta, 0.0)
+        keys_delta = keys_delta + abs(scale_value) * np.sqrt((dq * dq) @ (kt * kt)
+                                                             + (q * q) @ np.swapaxes(dk * dk, -1, -2))
+    if sink is not None:  # the sink's logit rounded to the dtype and shifted: c_sink u (|sigma| + |sigma - m|)
+        delta[..., -1:] *= _variant_constants(sixteen_bit=True)["c_sink"]
+        keys_delta = np.concatenate([np.broadcast_to(keys_delta, delta[..., :-1].shape),
+                                     np.zeros(delta.shape[:-1] + (1,))], axis=-1)
+        v = np.concatenate([v, np.zeros(v.shape[:-2] + (1, v.shape[-1]))], axis=-2)  # the sink takes no value
+        if dv is not None:
+            dv = np.concatenate([dv, np.zeros(dv.shape[:-2] + (1, dv.shape[-1]))], axis=-2)
+    delta = np.where(attended, delta + keys_delta, 0.0)
     o = p @ v
     # Score errors move the output by sum_j (p'_j - p_j) (v_j - o), p'_j the weights of the perturbed scores,
     # summed as a random walk over the keys (independent roundings). |p'_j - p_j| is bounded two ways, both exact
@@ -273,8 +317,11 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
         allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants)
     else:
         allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32), **variants)
+    # Rows without keys: exactly 0 under 'zeros', and with a learnable sink under every policy (its weight takes
+    # the whole row: oracle.attention_weights).
     empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
-    if policy == "uniform":  # a fully masked row is the mean of v: the first-order model's bound for it
+    if policy == "uniform" and variants.get("learnable_sink") is None:
+        # a fully masked row is the mean of v: the first-order model's bound for it
         v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
         spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
         return np.where(empty, spread, allowed)

@@ -21,7 +21,9 @@ FLOAT32_MATMUL_MODES = ("ieee", "tf32")
 # The variant keywords of sdpa (issue 17; README, "The contract") and their defaults: keyword-only, passed only
 # when a case uses them.
 VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "query_offset": 0,
-                    "query_lengths": None, "key_lengths": None}
+                    "query_lengths": None, "key_lengths": None,
+                    # Issue 25: attention sinks, chunked local attention, left padding (FlashAttention's names).
+                    "learnable_sink": None, "sink_token_length": 0, "attention_chunk": None, "key_leftpad": None}
 OPTIONAL_KEYWORDS = {
     "softmax": {"axis": -1},
     "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS},

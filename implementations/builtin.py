@@ -21,9 +21,9 @@ Paths:
   jax_numpy     hand-written jax.numpy, float32 matmuls at full float32 precision (CPU: float64 and float32)
 
 The variant keywords of sdpa (window, softcap, alibi_slopes, query_offset, query_lengths,
-key_lengths; README "The contract") are in the signature of every path that can express
-them; a path without one is unsupported on the cases that use it (README, "What the
-built-ins taught us", says which and why).
+key_lengths; learnable_sink, sink_token_length, attention_chunk, key_leftpad; README "The
+contract") are in the signature of every path that can express them; a path without one is
+unsupported on the cases that use it (README, "What the built-ins taught us", says which and why).
 
 What each CUDA path refuses (SUPPORTS) and gets wrong (KNOWN_DEVIATIONS) was measured on
 an H100 (torch 2.11.0+cu130, jax 0.11.2; benchmarks/gpu_probe.py and the suite's GPU runs,
@@ -49,15 +49,27 @@ def _distance(lq: int, lk: int, query_offset: int) -> np.ndarray:
     return np.abs((query_offset + np.arange(lq))[:, None] - np.arange(lk)[None, :])
 
 
-def _positions_allowed(lq, lk, is_causal=False, window=None, query_offset=0, key_lengths=None) -> np.ndarray:
-    """(B or 1, 1, lq, lk) boolean: the spec's key set (oracle.positions_allowed), key lengths read off the device.
+def _positions_allowed(lq, lk, is_causal=False, window=None, query_offset=0, key_lengths=None, *,
+                       sink_token_length=0, attention_chunk=None, key_leftpad=None) -> np.ndarray:
+    """(B or 1, 1, lq, lk) boolean: the spec's key set (oracle.positions_allowed), key lengths and left paddings
+    read off the device.
 
-    Every built-in that has no native window, offset or length option builds its mask from here: the position
-    rule is the contract's, not the framework's, so it is written once."""
+    Every built-in that has no native window, offset, chunk, padding or length option builds its mask from here:
+    the position rule is the contract's, not the framework's, so it is written once."""
     from attention_conformance.conformance import oracle
 
     lengths = None if key_lengths is None else _host_ints(key_lengths)
-    return oracle.positions_allowed(lq, lk, is_causal, window, query_offset, lengths)
+    leftpad = None if key_leftpad is None else _host_ints(key_leftpad)
+    return oracle.positions_allowed(lq, lk, is_causal, window, query_offset, lengths,
+                                    sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                                    key_leftpad=leftpad)
+
+
+def _sink_4d(learnable_sink, hq: int):
+    """The learnable sink logits (Hq,) as (1, Hq, 1, 1), in their own array type (sdpa.learnable-sink)."""
+    if tuple(learnable_sink.shape) != (hq,):
+        raise ValueError(f"learnable_sink has shape {tuple(learnable_sink.shape)}; (Hq,) = ({hq},) expected")
+    return learnable_sink.reshape(1, hq, 1, 1)
 
 
 def _slopes_4d(slopes, hq: int):
@@ -151,12 +163,15 @@ class NumpyOracle:
 
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-             query_offset=0, query_lengths=None, key_lengths=None):
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+             attention_chunk=None, key_leftpad=None):
         from attention_conformance.conformance import oracle
 
         variants = oracle.variant_options(dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                                query_offset=query_offset, query_lengths=query_lengths,
-                                               key_lengths=key_lengths))
+                                               key_lengths=key_lengths, learnable_sink=learnable_sink,
+                                               sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                                               key_leftpad=key_leftpad))
         return oracle.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale, **variants)
 
     @staticmethod
@@ -194,7 +209,8 @@ class NumpyNative:
 
     @classmethod
     def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-             query_offset=0, query_lengths=None, key_lengths=None):
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+             attention_chunk=None, key_leftpad=None):
         # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
         dtype = q.dtype
         group = _head_groups(q, k)
@@ -209,20 +225,28 @@ class NumpyNative:
             distance = _distance(lq, lk, query_offset).astype(dtype)
             scores = (scores - (_slopes_4d(alibi_slopes, q.shape[1]).astype(dtype) * distance).astype(dtype))
             scores = scores.astype(dtype)
-        allowed = _positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths)
+        allowed = _positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths,
+                                     sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                                     key_leftpad=key_leftpad)
         if mask is not None and mask.dtype == np.bool_:
             allowed = allowed & mask
         elif mask is not None:
             scores = (scores + mask).astype(dtype)
         scores = np.where(allowed, scores, dtype.type(-np.inf))
         row_max = np.max(scores, axis=-1, keepdims=True)
+        sink = None
+        if learnable_sink is not None:  # the sink logit joins the maximum and the normaliser, in the input dtype
+            sink = _sink_4d(learnable_sink, q.shape[1]).astype(dtype)
+            row_max = np.maximum(row_max, sink)
         empty = np.isneginf(row_max)
         # In float16 a row spanning more than the dtype's range makes scores - max overflow to -inf,
         # whose exp is the right weight, 0: not worth a warning.
         with np.errstate(over="ignore"):
             e = np.exp((scores - np.where(empty, 0, row_max)).astype(dtype)).astype(dtype)
-        total = np.sum(e, axis=-1, keepdims=True, dtype=_accumulator(dtype)).astype(dtype)
-        weights = (e / np.where(empty, 1, total)).astype(dtype)
+            total = np.sum(e, axis=-1, keepdims=True, dtype=_accumulator(dtype))
+            if sink is not None:
+                total = total + np.exp((sink - row_max).astype(dtype)).astype(dtype)
+        weights = (e / np.where(empty, 1, total.astype(dtype))).astype(dtype)
         return (weights @ v).astype(dtype)
 
     @classmethod
@@ -255,7 +279,8 @@ class TorchMath:
 
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-             query_offset=0, query_lengths=None, key_lengths=None):
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+             attention_chunk=None, key_leftpad=None):
         import torch
 
         group = _head_groups(q, k)
@@ -269,13 +294,19 @@ class TorchMath:
         if alibi_slopes is not None:
             distance = torch.from_numpy(_distance(lq, lk, query_offset)).to(q.device)
             scores = scores - (_slopes_4d(alibi_slopes, q.shape[1]) * distance).to(scores.dtype)
-        allowed = torch.from_numpy(_positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths))
+        allowed = torch.from_numpy(_positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths,
+                                                      sink_token_length=sink_token_length,
+                                                      attention_chunk=attention_chunk, key_leftpad=key_leftpad))
         allowed = allowed.to(q.device)
         if mask is not None and mask.dtype == torch.bool:
             allowed = allowed & mask
         elif mask is not None:
             scores = scores + mask
         scores = scores.masked_fill(~allowed, float("-inf"))
+        if learnable_sink is not None:
+            # gpt-oss's form: the sink is one more column of the scores, its weight dropped before @ v.
+            sink = _sink_4d(learnable_sink, q.shape[1]).to(scores.dtype).expand(*scores.shape[:-1], 1)
+            return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
         weights = torch.softmax(scores, dim=-1)
         # A row with no attendable key is 0/0 in softmax; the contract says zeros.
         weights = weights.masked_fill(scores.isneginf().all(-1, keepdim=True), 0.0)
@@ -478,15 +509,18 @@ class TorchFlexAttention:
 
     @classmethod
     def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-             query_offset=0, query_lengths=None, key_lengths=None):
-        # Every variant is flex's own: the causal band (offset), the window, key lengths and a boolean mask are one
-        # mask_mod (a BlockMask); softcap, ALiBi and a float mask one score_mod, in the contract's order.
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+             attention_chunk=None, key_leftpad=None):
+        # Every variant is flex's own: the causal band (offset), the window with its sink tokens, the chunk, key
+        # lengths, the left padding and a boolean mask are one mask_mod (a BlockMask); softcap, ALiBi and a float
+        # mask one score_mod, in the contract's order. The learnable sink, which is no key, rescales flex's output
+        # by its log-sum-exp: o * Z / (Z + e^sigma) = o * sigmoid(lse - sigma) (a row without keys: lse = -inf, 0).
         import torch
         from torch.nn.attention.flex_attention import create_block_mask
 
         b, hq, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         block_mask = score_mod = None
-        keep = bias = slopes = lengths = None
+        keep = bias = slopes = lengths = pads = None
         if mask is not None and mask.dtype == torch.bool:
             keep = mask.expand(b, hq, lq, lk).contiguous()
         elif mask is not None:
@@ -495,17 +529,28 @@ class TorchFlexAttention:
             lengths = key_lengths.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
         if alibi_slopes is not None:
             slopes = _slopes_4d(alibi_slopes, hq)[..., 0, 0].expand(b, hq).contiguous()
+        if key_leftpad is not None:
+            pads = key_leftpad.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
         left, right = window if window is not None else (None, None)
-        offset = int(query_offset)
+        offset, sink_tokens, chunk = int(query_offset), int(sink_token_length), attention_chunk
 
-        if is_causal or keep is not None or window is not None or lengths is not None:
+        if is_causal or keep is not None or window is not None or lengths is not None or chunk is not None \
+                or pads is not None:
             def mask_mod(bi, h, qi, ki):
-                p = qi + offset
-                allowed = ki <= p if is_causal else ki >= 0
+                # Positions count from the first real key (sdpa.key-leftpad): key ki at ki - pad, query qi at
+                # offset + qi - pad.
+                p, j = (qi + offset, ki) if pads is None else (qi + offset - pads[bi], ki - pads[bi])
+                allowed = j <= p if is_causal else ki >= 0
                 if left is not None:
-                    allowed = allowed & (ki >= p - left)
+                    within = j >= p - left
+                    allowed = allowed & (within | ((j >= 0) & (j < sink_tokens)) if sink_tokens else within)
                 if right is not None:
-                    allowed = allowed & (ki <= p + right)
+                    allowed = allowed & (j <= p + right)
+                if chunk is not None:
+                    allowed = allowed & (torch.div(j, chunk, rounding_mode="floor")
+                                         == torch.div(p, chunk, rounding_mode="floor"))
+                if pads is not None:
+                    allowed = allowed & (j >= 0)
                 if lengths is not None:
                     allowed = allowed & (ki < lengths[bi])
                 return allowed & keep[bi, h, qi, ki] if keep is not None else allowed
@@ -521,8 +566,20 @@ class TorchFlexAttention:
                     score = score + bias[bi, h, qi, ki]
                 return score
 
-        return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                           enable_gqa=hq != k.shape[1])
+        if learnable_sink is None:
+            return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                               enable_gqa=hq != k.shape[1])
+        try:  # torch >= 2.9 asks for the log-sum-exp as an AuxRequest (return_lse is deprecated there)
+            from torch.nn.attention.flex_attention import AuxRequest
+        except ImportError:
+            out, lse = cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                   enable_gqa=hq != k.shape[1], return_lse=True)
+        else:
+            out, aux = cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                   enable_gqa=hq != k.shape[1], return_aux=AuxRequest(lse=True))
+            lse = aux.lse
+        sink = _sink_4d(learnable_sink, hq)[..., 0].to(device=lse.device, dtype=lse.dtype)  # (1, Hq, 1)
+        return (out * torch.sigmoid(lse - sink)[..., None].to(out.dtype)).to(q.dtype)
 
 
 class TorchFlexAttentionCPU(TorchFlexAttention):
@@ -787,19 +844,25 @@ class JaxNumpy:
 
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-             query_offset=0, query_lengths=None, key_lengths=None):
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+             attention_chunk=None, key_leftpad=None):
         # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
-        if window is None and softcap is None and alibi_slopes is None and not query_offset and key_lengths is None:
+        if window is None and softcap is None and alibi_slopes is None and not query_offset and key_lengths is None \
+                and learnable_sink is None and attention_chunk is None and key_leftpad is None:
             return _jax_sdpa(JaxNumpy._sdpa, q, k, v, mask, is_causal, scale)
-        # Structure is static (one compile per window/softcap/offset), arrays are traced.
-        return _jitted(JaxNumpy._sdpa, "is_causal", "window", "softcap", "query_offset")(
+        # Structure is static (one compile per window/softcap/offset/chunk/sink-token count), arrays are traced.
+        return _jitted(JaxNumpy._sdpa, "is_causal", "window", "softcap", "query_offset", "sink_token_length",
+                       "attention_chunk")(
             q, k, v, mask, is_causal=is_causal, scale=None if scale is None else np.float64(scale),
             window=None if window is None else tuple(window), softcap=softcap, alibi_slopes=alibi_slopes,
-            query_offset=int(query_offset), key_lengths=key_lengths)
+            query_offset=int(query_offset), key_lengths=key_lengths, learnable_sink=learnable_sink,
+            sink_token_length=int(sink_token_length),
+            attention_chunk=None if attention_chunk is None else int(attention_chunk), key_leftpad=key_leftpad)
 
     @staticmethod
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
-              query_offset=0, key_lengths=None):
+              query_offset=0, key_lengths=None, learnable_sink=None, sink_token_length=0, attention_chunk=None,
+              key_leftpad=None):
         import jax.numpy as jnp
 
         group = _head_groups(q, k)
@@ -818,10 +881,23 @@ class JaxNumpy:
         if is_causal:
             allowed = allowed & (distance >= 0)
         left, right = window if window is not None else (None, None)
+        # Positions from the first real key (sdpa.key-leftpad): the key's only where the chunk and the sink tokens
+        # need them; distances do not move.
+        pad = 0 if key_leftpad is None else key_leftpad.reshape(-1, 1, 1, 1)
+        key_position = jnp.arange(lk) - pad
         if left is not None:
-            allowed = allowed & (distance <= left)
+            within = distance <= left
+            if sink_token_length:
+                within = within | ((key_position >= 0) & (key_position < sink_token_length))
+            allowed = allowed & within
         if right is not None:
             allowed = allowed & (-distance <= right)
+        if attention_chunk is not None:
+            query_position = (query_offset + jnp.arange(lq))[:, None] - pad
+            allowed = allowed & (jnp.floor_divide(key_position, attention_chunk)
+                                 == jnp.floor_divide(query_position, attention_chunk))
+        if key_leftpad is not None:
+            allowed = allowed & (key_position >= 0)
         if key_lengths is not None:
             allowed = allowed & (jnp.arange(lk) < key_lengths.reshape(-1, 1, 1, 1))
         if mask is not None and mask.dtype == jnp.bool_:
@@ -830,6 +906,12 @@ class JaxNumpy:
             scores = scores + mask
         scores = jnp.where(allowed, scores, -jnp.inf)
         row_max = jnp.max(scores, axis=-1, keepdims=True)
+        if learnable_sink is not None:  # the sink logit joins the maximum and the normaliser
+            sink = _sink_4d(learnable_sink, q.shape[1]).astype(scores.dtype)
+            row_max = jnp.maximum(row_max, sink)
+            e = jnp.exp(scores - row_max)
+            weights = e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - row_max))
+            return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
         any_allowed = jnp.isfinite(row_max)
         e = jnp.exp(scores - jnp.where(any_allowed, row_max, 0))
         weights = e / jnp.where(any_allowed, jnp.sum(e, axis=-1, keepdims=True), 1)

@@ -85,7 +85,9 @@ def run_battery(impl, *, dtypes=("float64", "float32"), max_examples: int = 20, 
 # is the same; only the order of the battery changes).
 FAMILY_MODULES = {"grad.": test_gradients, "dropout.": test_dropout, "mha.": test_mha,
                   **{clause: test_variants for clause in ("sdpa.window", "sdpa.softcap", "sdpa.alibi",
-                                                          "sdpa.query-offset", "sdpa.varlen", "sdpa.variant-order")}}
+                                                          "sdpa.query-offset", "sdpa.varlen", "sdpa.variant-order",
+                                                          "sdpa.learnable-sink", "sdpa.sink-tokens",
+                                                          "sdpa.attention-chunk", "sdpa.key-leftpad")}}
 
 
 def _family_tests(stop_on) -> list:
