@@ -12,15 +12,19 @@ and never skips: it only answers "does the implementation pass this case?".
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from attention_conformance.implementations._arrays import dtype_name
+from attention_conformance.implementations._registry import LAYOUT_SHAPES, LAYOUTS
 
 from . import oracle
 from .cases import Case
 from .containment import _copies, _flat, _is_array, call_with_limit
 from .expected import expected_output
 
+LAYOUT_CLAUSE = "contract.layout"  # q, k, v and the output in the declared LAYOUT
 # The variant keywords each variant clause is about: its own probe takes them out (a case that then
 # passes keeps the failure with the clause, whatever else the case carries).
 VARIANT_CLAUSE_KEYWORDS = {
@@ -90,16 +94,18 @@ class Attribution:
                 same = np.concatenate([v] * -(-dk // v.shape[-1]), axis=-1)[..., :dk]
                 yield "sdpa.value-dim", "with Dv = Dk", derived("Dv = Dk", v=same)
 
-    def _passes(self, case: Case) -> bool:
-        """Whether the implementation passes ``case`` (values within the tolerance); False when it cannot tell.
+    def _passes(self, case: Case, impl=None) -> bool:
+        """Whether the implementation (or ``impl``, the same with another LAYOUT) passes ``case`` (values within the
+        tolerance); False when it cannot tell.
 
         Records nothing and never skips: a probe for the attribution only.
         """
+        impl = self.impl if impl is None else impl
         inputs = case.rounded(self.dtype)
-        if self.impl.unsupported_reason(case.op, inputs, self.dtype, self.device):
+        if impl.unsupported_reason(case.op, inputs, self.dtype, self.device):
             return False
         try:
-            got = call_with_limit(self.impl, case.label, self.impl.call, case.op, _copies(case.arrays(inputs)),
+            got = call_with_limit(impl, case.label, impl.call, case.op, _copies(case.arrays(inputs)),
                                   case.options(), self.device, limit=self.call_limit())
             policy = self.policy(case, inputs)
             want = expected_output(case, inputs, policy)
@@ -118,6 +124,9 @@ class Attribution:
         """(clause, how) when the case passes with one feature the test is not about taken out."""
         if case.op == "softmax" or _size(inputs) > self.DIAGNOSIS_MAX_ELEMENTS or getattr(self.impl, "hung_on", None):
             return None
+        layout = self._layout_fault(case)
+        if layout:
+            return layout  # every clause the case was drawn for fails in the wrong layout
         own = self._own_probe(case)
         if own is not None and self._passes(own):
             return None  # the feature the case was drawn for is at fault: the failure stays with it
@@ -125,6 +134,18 @@ class Attribution:
             if self._passes(variant):
                 return clause, how
         return None
+
+    def _layout_fault(self, case: Case) -> tuple[str, str] | None:
+        """sdpa: (contract.layout, how) when the case passes with q, k, v handed in the other LAYOUT, the
+        implementation computing in one axis order while it declares the other."""
+        if case.op != "sdpa" or case.inputs["k"].shape[2] < 2:
+            return None  # one key: every weight is 1 in either layout, the probe could not tell them apart
+        declared = self.impl.layout
+        other = next(layout for layout in LAYOUTS if layout != declared)
+        if not self._passes(case, dataclasses.replace(self.impl, layout=other)):
+            return None
+        return (LAYOUT_CLAUSE, f"with q, k, v handed as {LAYOUT_SHAPES[other]} (LAYOUT {other!r}) instead of the "
+                               f"declared {LAYOUT_SHAPES[declared]} (LAYOUT {declared!r})")
 
     @staticmethod
     def _own_probe(case: Case) -> Case | None:

@@ -25,6 +25,7 @@ import pytest
 
 from attention_conformance.implementations import Implementation
 from attention_conformance.implementations._arrays import ARRAY_KINDS, dtype_name
+from attention_conformance.implementations._registry import LAYOUT_SHAPES
 
 from .cases import Case
 
@@ -215,11 +216,12 @@ LAST_UNSUPPORTED = [""]
 # draw the common layouts (Dv == Dk, head width E / H) half the time, so a
 # partially supporting implementation reaches it with probability below 1e-7.
 UNSUPPORTED_BEFORE_SKIP = 20
-SUPPORT_COUNTS = {"supported": 0, "unsupported": 0}  # of the running property test
+# Of the running property test: cases called, refused, judged (passed or failed), and declared deviations.
+SUPPORT_COUNTS = {"supported": 0, "unsupported": 0, "judged": 0, "deviation": 0}
 
 
 def reset_support_counts() -> None:
-    SUPPORT_COUNTS.update(supported=0, unsupported=0)
+    SUPPORT_COUNTS.update(supported=0, unsupported=0, judged=0, deviation=0)
 
 
 def unsupported(reason: str):
@@ -332,7 +334,8 @@ class Containment:
             native = _lookup(passed, name)
             if problem is None and native is not None and native is not mine:
                 try:
-                    problem = _difference(original, kind.to_numpy(native))
+                    problem = _difference(original, self.impl.from_layout(case.op, kind.to_numpy(native))
+                                          if name in self.impl.layout_inputs(case.op) else kind.to_numpy(native))
                 except Exception:  # noqa: BLE001 -- a framework array we cannot read back: nothing to compare
                     problem = None
             if problem:
@@ -342,9 +345,9 @@ class Containment:
 
     def _check_contract(self, case: Case, inputs: dict, got) -> np.ndarray:
         """The result as the implementation returned it (or already converted): an array of the right shape and dtype,
-        finite wherever the oracle is. Returns it as float64."""
+        finite wherever the oracle is. Returns it as float64, in the suite's (B, H, L, D) whatever the LAYOUT."""
         __tracebackhide__ = True
-        want_shape = self._expected_shape(case, inputs)
+        want_shape = self.impl.layout_shape(case.op, self._expected_shape(case, inputs))
         if not _is_array(got):
             self.fail(RESULT_CLAUSE, case, inputs,
                       f"returned {_type_words(got)}, expected an array of shape {want_shape} "
@@ -353,7 +356,11 @@ class Containment:
             got = ARRAY_KINDS[self.impl.array].to_numpy(got)
         if got.shape != want_shape:
             clause = "mha.shapes" if case.op == "multi_head_attention" else "sdpa.output-shape"
-            self.fail(clause, case, inputs, f"output shape {got.shape}, expected {want_shape}", attribute=False)
+            in_layout = f" (LAYOUT {self.impl.layout!r}: {LAYOUT_SHAPES[self.impl.layout]})" \
+                if self.impl.layout_inputs(case.op) else ""
+            self.fail(clause, case, inputs, f"output shape {got.shape}, expected {want_shape}{in_layout}",
+                      attribute=False)
+        got = self.impl.from_layout(case.op, got)
         if dtype_name(got.dtype) != self.dtype:
             self.fail(
                 "sdpa.output-dtype", case, inputs,

@@ -8,7 +8,9 @@ leaf tensors with requires_grad and ``out.backward(d_out)`` runs; for ARRAY "jax
 differentiate at all (DIFFERENTIABLE) is what the adapters declare. Only a float
 (additive) mask is differentiated; a boolean mask is a constant. 16-bit inputs are
 differentiated as the framework does it, in that dtype; the results are widened to
-float64 for the comparison. Frameworks are imported only inside the adapters.
+float64 for the comparison. Frameworks are imported only inside the adapters. An
+implementation declaring LAYOUT "blhd" gets q, k, v and d_out as (B, L, H, D) and
+gives out, dq, dk, dv back in it; they are returned here as (B, H, L, D).
 
 ``backward_allowed`` evaluates the ``sdpa_backward`` section of spec/tolerances.yaml
 (the derivation is written there) against the float64 analytic backward of
@@ -53,7 +55,9 @@ def gradients(impl, inputs: dict[str, Any], d_out: np.ndarray, device: str) -> d
         raise ValueError(f"{impl.name}: gradients need an ARRAY whose adapter differentiates "
                          f"({', '.join(differentiable_kinds())}), not {impl.array!r}")
     names = _differentiated(inputs)
-    primals = {name: kind.to_native(np.asarray(inputs[name]), device) for name in names}
+    # q, k, v (and d_out) in the implementation's LAYOUT; the output and dq, dk, dv come back in it and are
+    # transposed to (B, H, L, D) here.
+    primals = {name: kind.to_native(impl.to_layout("sdpa", name, np.asarray(inputs[name])), device) for name in names}
     constant_mask = None
     if "mask" not in names and inputs.get("mask") is not None:
         constant_mask = kind.to_native(np.asarray(inputs["mask"]), device)  # a boolean mask: a constant
@@ -65,10 +69,12 @@ def gradients(impl, inputs: dict[str, Any], d_out: np.ndarray, device: str) -> d
         return impl.obj.sdpa(q, k, v, **extra)
 
     with kind.precision(inputs):  # JAX: x64 for a float64 case only (implementations/_arrays.py)
-        out, grads = kind.vjp(forward, primals, d_out, device)
-    result = {"out": _to_f64(kind, out)}
+        out, grads = kind.vjp(forward, primals, impl.to_layout("sdpa", "q", np.asarray(d_out)), device)
+    result = {"out": impl.from_layout("sdpa", _to_f64(kind, out))}
     for name in names:
-        result[GRAD_NAMES[name]] = _to_f64(kind, grads.get(name))
+        gradient = _to_f64(kind, grads.get(name))
+        result[GRAD_NAMES[name]] = impl.from_layout("sdpa", gradient) if name in impl.layout_inputs("sdpa") \
+            else gradient
     return result
 
 

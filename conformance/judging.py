@@ -24,8 +24,8 @@ from attention_conformance.implementations._region import shape_facts
 from . import oracle
 from .attribution import Attribution
 from .cases import Case, widen
-from .containment import LAST_UNSUPPORTED, Containment, HungEarlier
-from .expected import allowed_error, expected_output
+from .containment import LAST_UNSUPPORTED, SUPPORT_COUNTS, UNSUPPORTED_BEFORE_SKIP, Containment, HungEarlier
+from .expected import allowed_error, expected_output, fully_masked_causes
 from .report import CaseRecord, ConformanceFailure, failure_message, repro
 
 RECORDS: list[CaseRecord] = []  # every judged case of the session, for the report
@@ -49,13 +49,29 @@ def breaks_order(records) -> dict[str, list[str]]:
     return {name: sorted(found, key=lambda c: (found[c][0], -found[c][1], c)) for name, found in smallest.items()}
 
 
+def _same_policy(a, b) -> bool:
+    """Whether two Judge.policy values (a name, or names per row) are the same."""
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str) and a == b
+    return a.shape == b.shape and bool(np.all(a == b))
+
+
 def declared_deviation(reason: str):
-    """A failure the implementation declared (KNOWN_DEVIATIONS): xfail, or inside Hypothesis, drop the example."""
+    """A failure the implementation declared (KNOWN_DEVIATIONS): xfail, or inside Hypothesis, drop the example.
+
+    A property whose first UNSUPPORTED_BEFORE_SKIP examples were all declared deviations, none judged, is skipped
+    saying so, as one whose cases were all unsupported: Hypothesis would otherwise draw hundreds more before
+    giving up (a float64 run of an implementation declaring float64_computed_in_float32, say), each with its call,
+    oracle and attribution probes. Every deviation met is recorded.
+    """
     LAST_UNSUPPORTED[0] = f"declared deviation: {reason}"
     from hypothesis import reject
     from hypothesis.control import currently_in_test_context
 
     if currently_in_test_context():
+        SUPPORT_COUNTS["deviation"] += 1
+        if SUPPORT_COUNTS["judged"] == 0 and SUPPORT_COUNTS["deviation"] >= UNSUPPORTED_BEFORE_SKIP:
+            pytest.skip(f"declared deviation: the first {UNSUPPORTED_BEFORE_SKIP} generated cases all were ({reason})")
         reject()
     pytest.xfail(f"declared deviation: {reason}")
 
@@ -85,6 +101,7 @@ class Judge(Containment, Attribution):
         # float32 matmuls declared to run in TF32 on this device: the tolerance allows TF32 input rounding.
         self.tf32 = dtype == "float32" and impl.tf32_on(device)
         self._last_expected: tuple | None = None  # (inputs, policy, oracle output) of the latest case
+        self._last_policy: tuple | None = None  # (inputs, policy) of the latest case
 
     # ------------------------------------------------------------- plumbing
     def _snippet(self, case: Case, inputs: dict) -> str:
@@ -97,7 +114,8 @@ class Judge(Containment, Attribution):
             )
         if size > MAX_REPRO_ELEMENTS:
             return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
-        return repro(self.impl.spec, case.op, inputs, self.dtype, self.device, self.impl.policy_for(inputs.get("mask")))
+        return repro(self.impl.spec, case.op, inputs, self.dtype, self.device, self.policy(case, inputs),
+                     layout=self.impl.layout if self.impl.layout_inputs(case.op) else "bhld")
 
     def facts(self, case: Case, inputs: dict) -> dict:
         """What a declared deviation's ``when`` may look at."""
@@ -117,6 +135,9 @@ class Judge(Containment, Attribution):
         elif case.op == "multi_head_attention":
             bias = oracle.attention_bias(a.get("mask"), facts["is_causal"], facts["Lq"], facts["Lk"])
             facts["fully_masked"] = bool(np.isneginf(bias).all(axis=-1).any())
+        # What emptied those rows (FULLY_MASKED_CAUSES; expected.fully_masked_causes), sorted: () without one.
+        causes = set(self.row_causes(case, inputs).ravel()) - {""} if facts["fully_masked"] else set()
+        facts["fully_masked_causes"] = tuple(sorted(str(c) for c in causes))
         return facts
 
     def allowed(self, case: Case, inputs: dict, policy: str = "zeros") -> np.ndarray:
@@ -124,14 +145,64 @@ class Judge(Containment, Attribution):
         return allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32)
 
     # --------------------------------------------- what the oracle says
-    def policy(self, case: Case, inputs: dict) -> str:
-        """The declared fully-masked-row policy that applies to this case."""
-        return self.impl.policy_for(inputs.get("mask")) if case.op != "softmax" else "zeros"
+    def policy(self, case: Case, inputs: dict):
+        """The declared FULLY_MASKED_ROWS policy of this case's fully masked rows: one name when one policy covers
+        them all (or there are none), else (B, Hq, Lq) names, each row's by its own cause ("zeros" on rows with a
+        key). Only variant cases can mix causes (a window row beside a bool-masked one, say)."""
+        if case.op == "softmax":
+            return "zeros"
+        if self.impl.uniform_policy is not None:
+            return self.impl.uniform_policy
+        last = self._last_policy
+        if last is not None and last[0] is inputs:
+            return last[1]
+        policy = self._declared_policy(case, inputs)
+        self._last_policy = (inputs, policy)
+        return policy
+
+    def _declared_policy(self, case: Case, inputs: dict):
+        mask = inputs.get("mask")
+        case_kind = "float" if mask is not None and mask.dtype != np.bool_ else "bool"
+        causes = self.row_causes(case, inputs)
+        found = sorted(str(c) for c in set(causes.ravel()) - {""})
+        if not found:
+            # No row to apply it to; the mask kind's policy is what the older per-case form named.
+            return "zeros" if callable(self.impl.fully_masked_rows) else self.impl.policy_for(mask, self.dtype)
+        facts = self.facts(case, inputs) if callable(self.impl.fully_masked_rows) else {}
+        by_cause = {cause: self.impl.row_policy(cause, case_kind, self.dtype, facts) for cause in found}
+        if len(set(by_cause.values())) == 1:
+            return next(iter(by_cause.values()))
+        policy = np.full(causes.shape, "zeros", dtype="<U7")
+        for cause, name in by_cause.items():
+            policy[causes == cause] = name
+        return policy
+
+    def row_causes(self, case: Case, inputs: dict) -> np.ndarray:
+        """(B, Hq, Lq) what emptied each fully masked row (expected.fully_masked_causes), "" on rows with a key."""
+        if case.op == "sdpa":
+            empty = self._fully_masked_rows(case, inputs)
+            lq, lk = inputs["q"].shape[-2], inputs["k"].shape[-2]
+            return fully_masked_causes(empty, lq, lk, inputs.get("mask"), bool(inputs.get("is_causal", False)),
+                                       **oracle.variant_options(inputs))
+        if case.op == "multi_head_attention":
+            shapes = shape_facts(case.op, inputs)
+            lq, lk = shapes["Lq"], shapes["Lk"]
+            is_causal = bool(inputs.get("is_causal", False))
+            bias = oracle.attention_bias(inputs.get("mask"), is_causal, lq, lk)
+            empty = np.broadcast_to(np.isneginf(bias).all(axis=-1), (shapes["B"], inputs["num_heads"], lq))
+            return fully_masked_causes(empty, lq, lk, inputs.get("mask"), is_causal)
+        return np.full((), "")
+
+    def declared_policy_rows(self, case: Case, inputs: dict) -> np.ndarray:
+        """(B, Hq, Lq) boolean, sdpa: the fully masked rows whose declared policy is not the canonical 'zeros'."""
+        if self.impl.uniform_policy == "zeros":
+            return np.zeros((), dtype=bool)
+        return self._fully_masked_rows(case, inputs) & (np.asarray(self.policy(case, inputs)) != "zeros")
 
     def _expected(self, case: Case, inputs: dict, policy: str) -> np.ndarray:
         """The oracle's output, computed once per case: the contract check and the verdict both need it."""
         last = self._last_expected
-        if last is not None and last[0] is inputs and last[1] == policy:
+        if last is not None and last[0] is inputs and _same_policy(last[1], policy):
             return last[2]
         want = expected_output(case, inputs, policy)
         self._last_expected = (inputs, policy, want)
@@ -186,14 +257,16 @@ class Judge(Containment, Attribution):
         filed under another; a deviation declared for either covers it.
         """
         __tracebackhide__ = True
+        facts = None if stop else self.facts(case, inputs)
+        # A deviation declared for the clause covers the failure whatever the attribution finds (the clause becomes
+        # drawn_for): its probes, several calls and oracles a case, are spared.
         if attribute and not stop and record is None and clause not in OWN_CHECK_CLAUSES \
-                and not clause.startswith("contract."):
+                and not clause.startswith("contract.") and not self.impl.declared_deviation(clause, facts):
             surfaced = self.fault_behind(clause, case, inputs)
             if surfaced:
                 problem += (f"; the case's values are off and the same case passes {surfaced[1]}: the fault is "
                             f"{surfaced[0]}'s, surfaced in a check of {clause}")
                 drawn_for, clause = clause, surfaced[0]
-        facts = None if stop else self.facts(case, inputs)
         reason = None if stop else self.impl.declared_deviation(clause, facts)
         if not reason and drawn_for and drawn_for != clause and not stop:
             reason = self.impl.declared_deviation(drawn_for, facts)
@@ -240,6 +313,8 @@ class Judge(Containment, Attribution):
     def record(self, case: Case, clause: str, status: str, **figures) -> CaseRecord:
         rec = self.new_record(case, clause, status, **figures)
         RECORDS.append(rec)
+        if status in ("passed", "failed"):
+            SUPPORT_COUNTS["judged"] += 1
         return rec
 
     # ---------------------------------------------------------------- judge
@@ -274,12 +349,14 @@ class Judge(Containment, Attribution):
             allowed=float(allowed[worst]) if ratio.size else 0.0,
             ratio=float(ratio[worst]) if ratio.size else 0.0,
         )
-        status = "deviation" if policy != "zeros" and bool(empty.any()) else "passed"
+        status = "deviation" if bool(np.any(empty & (np.asarray(policy) != "zeros"))) else "passed"
         record = self.new_record(case, clause, status, **figures)
         if ratio.size and ratio[worst] > 1.0:
             index = tuple(int(i) for i in worst)
             # Filed under the test's own clause only if no feature the test is not about explains it.
-            surfaced = self.surfaced_fault(case, inputs) if explicit is None else None
+            # Not when a deviation declared for the clause drawn for covers it whatever the attribution finds.
+            surfaced = self.surfaced_fault(case, inputs) \
+                if explicit is None and not self.impl.declared_deviation(clause, self.facts(case, inputs)) else None
             blame = ""
             if surfaced:
                 blame = (f"; the same case passes {surfaced[1]}: the fault is {surfaced[0]}'s, "
@@ -295,6 +372,7 @@ class Judge(Containment, Attribution):
                 record=record, drawn_for=clause, attribute=False,
             )
         RECORDS.append(record)
+        SUPPORT_COUNTS["judged"] += 1
         return record
 
     def _judge_specified_values(self, case: Case, inputs: dict, got: np.ndarray, want: np.ndarray,
@@ -331,16 +409,20 @@ class Judge(Containment, Attribution):
     def _judge_fully_masked(self, case, inputs, got, want, allowed, empty, policy):
         __tracebackhide__ = True
         rows = np.broadcast_to(empty[..., None], got.shape)
-        if policy == "nan":
-            ok = np.isnan(got) | ~rows
-        else:
-            ok = ~rows | (np.abs(np.nan_to_num(got, nan=np.inf) - want) <= allowed)
+        nan_rows = np.asarray(policy)[..., None] == "nan"
+        close = np.abs(np.nan_to_num(got, nan=np.inf) - want) <= allowed
+        ok = ~rows | np.where(nan_rows, np.isnan(got), close)
         if not ok.all():
             index = tuple(int(i) for i in np.argwhere(~ok)[0])
-            declared = f"declared FULLY_MASKED_ROWS={policy!r}" if policy != "zeros" else "the canonical 'zeros'"
+            row_policy = str(np.broadcast_to(np.asarray(policy)[..., None], got.shape)[index])
+            declared = f"declared FULLY_MASKED_ROWS {row_policy!r}" if row_policy != "zeros" \
+                else "the canonical 'zeros'"
+            causes = self.row_causes(case, inputs)
+            cause = str(np.broadcast_to(causes[..., None], got.shape)[index]) if causes.ndim else ""
             self.fail(
                 "mask.fully-masked-row", case, inputs,
-                f"{int(empty.sum())} fully masked row(s) do not follow {declared}",
+                f"{int(empty.sum())} fully masked row(s) do not follow the policy declared for them; the first, "
+                f"emptied by {cause or 'its mask'}, does not follow {declared}",
                 f"index {index}: got {got[index]:.9g}, policy gives {want[index]:.9g}",
             )
 

@@ -154,8 +154,13 @@ def _array_literal(array: np.ndarray, dtype: str) -> str:
     return f"np.array({body}, dtype=np.{dtype})"
 
 
-def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: str, policy: str = "zeros") -> str:
-    """A snippet that rebuilds the inputs, calls the implementation and prints its error against the oracle."""
+def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: str, policy="zeros",
+          layout: str = "bhld") -> str:
+    """A snippet that rebuilds the inputs, calls the implementation and prints its error against the oracle.
+
+    ``policy``: the FULLY_MASKED_ROWS policy of the case's fully masked rows, or (B, Hq, Lq) names, one per row.
+    ``layout``: the implementation's LAYOUT; impl.call hands q, k, v over in it and reads the output back.
+    """
     lines = [
         "import numpy as np, ml_dtypes",
         "from attention_conformance.implementations import load_implementation",
@@ -177,11 +182,19 @@ def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: s
         else:
             options[name] = value
     array_args = ", ".join(f"{k!r}: {k}" for k in arrays)
+    if layout != "bhld":
+        lines.append(f"# impl.call hands q, k, v to the implementation as LAYOUT {layout!r} (B, L, H, D), contiguous, "
+                     "and transposes its output back to (B, H, L, D)")
     lines.append(f"got = impl.call({op!r}, {{{array_args}}}, {options!r}, device={device!r})")
     oracle_args = ", ".join(f"{k}={k}" for k in arrays) + "".join(f", {k}={v!r}" for k, v in options.items())
-    if op == "sdpa":
+    if op == "sdpa" and isinstance(policy, str):
         oracle_args += f", fully_masked_rows_policy={policy!r}"
-    lines.append(f"want = oracle.{op}({oracle_args})")
+    if op == "sdpa" and not isinstance(policy, str):  # each fully masked row under the policy of its own cause
+        lines.append(f"policy = np.array({np.asarray(policy).tolist()!r})[..., None]")
+        lines.append("want = sum(np.where(policy == p, oracle.sdpa(" + oracle_args
+                     + ", fully_masked_rows_policy=p), 0.0) for p in ('zeros', 'nan', 'uniform'))")
+    else:
+        lines.append(f"want = oracle.{op}({oracle_args})")
     # NaN where the oracle is NaN (a fully masked row under policy "nan") is agreement; any other NaN or
     # inf is reported, not skipped (np.nanmax would hide exactly the failures of sdpa.finite).
     lines += [

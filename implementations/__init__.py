@@ -17,9 +17,15 @@ and optionally the attributes
     ARRAY              "numpy" (default), "torch", "jax", or the kind of an adapter registered in
                        _arrays.py: the array type it takes and returns
     DEVICES            devices it runs on, e.g. ("cpu", "cuda"); default: every device of ARRAY present
-    FULLY_MASKED_ROWS  "zeros" (default), "nan" or "uniform" (the mean of v over all keys),
-                       or a dict {"bool": ..., "float": ...} when it depends on the mask kind
-                       ("bool" also covers rows emptied by is_causal)
+    FULLY_MASKED_ROWS  "zeros" (default), "nan" or "uniform" (the mean of v over all keys) for a row with
+                       no key; or a dict by the row's cause {"key_lengths", "window", "causal", "bool",
+                       "float": policy} (a row's cause: the first of these that empties it on its own, else
+                       the case's mask kind; a cause not named takes the case's mask kind's entry, so the
+                       older {"bool": ..., "float": ...} keeps its meaning); or a dict by dtype
+                       {"float16": policy or a dict by cause, ...}; or a callable(facts) -> policy, facts
+                       those of KNOWN_DEVIATIONS plus "cause" (README, "Rows without a key")
+    LAYOUT             "bhld" (default) or "blhd": sdpa's q, k, v and output as (B, H, L, D) or (B, L, H, D);
+                       handed over contiguous in it, output and gradients read back in it; masks unchanged
     NAME               the id shown in test ids and reports (default: the --impl spec)
     SUPPORTS           the region it can run: {"head_dims", "value_head_dim", "lengths", "equal_lengths",
                        "masks", "causal" (or "lq<=lk", "lq>=lk", "lq==lk"), "scale", "gqa", "max_group",
@@ -38,7 +44,11 @@ and optionally the attributes
                        as a deviation (xfail), never hidden. facts: op, dtype, device,
                        scale, is_causal, mask_kind ("none", "bool", "float"), B, Hq, Hkv,
                        Lq, Lk, Dk, Dv, fully_masked (the case has a row with no attendable key),
-                       variants (the variant keywords the case passes, README "The contract")
+                       fully_masked_causes (what emptied those rows), variants (the variant keywords
+                       the case passes, README "The contract"). Ready-made entries for conventions
+                       real libraries share: ``deviations.py`` (attention_conformance.implementations
+                       .deviations: large_finite_negative_mask_fill, float64_computed_in_float32,
+                       masked_fill_overflow_16bit, scale_after_masking)
 
 An operation that is not exposed is reported as not implemented, never as a
 failure. A keyword the signature does not accept (no ``scale`` parameter, say)

@@ -15,6 +15,15 @@ from ._region import EVERYTHING, Region, RegionError, parse_region, shape_facts
 
 OPERATIONS = ("softmax", "sdpa", "multi_head_attention")
 FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
+# What leaves a fully masked row without a key, in the order that attributes a row to one of them (the first that
+# empties it on its own; README "The contract", FULLY_MASKED_ROWS): the removals a kernel handles on a path of their
+# own first, the masks last. The two mask kinds are also the keys of the older {"bool": ..., "float": ...} form.
+FULLY_MASKED_CAUSES = ("key_lengths", "window", "causal", "bool", "float")
+MASK_KIND_CAUSES = ("bool", "float")
+# sdpa's q, k, v and output: (B, H, L, D) by default, or (B, L, H, D) (FlashAttention's, JAX's and Keras' layout).
+LAYOUTS = ("bhld", "blhd")
+LAYOUT_SHAPES = {"bhld": "(B, H, L, D)", "blhd": "(B, L, H, D)"}
+LAYOUT_INPUTS = ("q", "k", "v")  # masks keep their (B|1, H|1, Lq, Lk) in every layout
 FLOAT32_MATMUL_MODES = ("ieee", "tf32")
 # Keywords whose default (the value in this dict) is never passed, so that an
 # implementation without the parameter still runs every case that does not need it.
@@ -49,7 +58,8 @@ class Implementation:
     dtypes: tuple[str, ...] = ("float32", "float64")  # every dtype declared on some device
     dtypes_by_device: dict | None = None  # when DTYPES is a dict {device: dtypes}
     declared_devices: tuple[str, ...] | None = None
-    fully_masked_rows: str | dict = "zeros"  # or {"bool": policy, "float": policy}
+    fully_masked_rows: Any = "zeros"  # a policy, {cause: policy}, {dtype: policy or {cause: ...}}, callable(facts)
+    layout: str = "bhld"  # LAYOUT: the axis order of sdpa's q, k, v and output
     known_deviations: tuple = ()  # ({"clause", "when", "reason"}, ...) declared by the implementation
     spec: str = ""  # how to load it again (module[:attr] or builtin:name), used in repros
     region: Region = EVERYTHING  # SUPPORTS / supports(): what it can run (implementations/_region.py)
@@ -134,12 +144,68 @@ class Implementation:
             return self.dtypes
         return tuple(self.dtypes_by_device.get(device, ()))
 
-    def policy_for(self, mask) -> str:
-        """The declared fully-masked-row policy for a case with this mask (None, bool or float)."""
-        if isinstance(self.fully_masked_rows, str):
-            return self.fully_masked_rows
+    def policy_for(self, mask, dtype: str = "float32", facts: dict | None = None) -> str:
+        """The declared fully-masked-row policy of a row emptied by this mask (None, bool or float) alone, in ``dtype``.
+
+        The judge asks ``row_policy`` for each row's own cause; this is the policy of the case's mask kind.
+        """
         kind = "float" if mask is not None and np.asarray(mask).dtype != np.bool_ else "bool"
-        return self.fully_masked_rows.get(kind, "zeros")
+        return self.row_policy(kind, kind, dtype, facts or {"dtype": dtype, "mask_kind": kind})
+
+    def row_policy(self, cause: str, case_kind: str, dtype: str, facts: dict) -> str:
+        """FULLY_MASKED_ROWS for one fully masked row: what its ``cause`` (FULLY_MASKED_CAUSES) gives in ``dtype``.
+
+        ``case_kind`` is the case's mask kind, "float" for a float mask and "bool" otherwise: a cause-mapping without
+        an entry for "causal", "window" or "key_lengths" gives those rows the entry of the case's mask kind (the
+        older {"bool", "float"} form, where every row of a case followed its mask kind). A missing "bool" or "float"
+        entry, and a dtype a by-dtype mapping does not name, give "zeros". A callable gets ``facts`` (those of a
+        KNOWN_DEVIATIONS ``when``) with the row's "cause" added.
+        """
+        declared = self.fully_masked_rows
+        if callable(declared):
+            policy = declared({**facts, "cause": cause})
+            if policy not in FULLY_MASKED_POLICIES:
+                raise ImplementationLoadError(
+                    f"{self.spec or self.name}: FULLY_MASKED_ROWS returned {policy!r} for a row emptied by {cause!r} "
+                    f"(dtype {dtype}); it must return one of {list(FULLY_MASKED_POLICIES)}")
+            return policy
+        if isinstance(declared, dict) and _by_dtype(declared):
+            declared = declared.get(dtype, "zeros")
+        if isinstance(declared, str):
+            return declared
+        if cause in declared:
+            return declared[cause]
+        return declared.get(cause if cause in MASK_KIND_CAUSES else case_kind, "zeros")
+
+    @property
+    def uniform_policy(self) -> str | None:
+        """The one policy every fully masked row gets, whatever its cause and dtype (None when it depends on them)."""
+        return self.fully_masked_rows if isinstance(self.fully_masked_rows, str) else None
+
+    # ------------------------------------------------------------ layout
+    def layout_inputs(self, op: str) -> tuple[str, ...]:
+        """The inputs (and, with them, the output) of ``op`` the suite transposes to hand over in LAYOUT."""
+        return LAYOUT_INPUTS if op == "sdpa" and self.layout != "bhld" else ()
+
+    def to_layout(self, op: str, name: str, array):
+        """A NumPy input of the suite's (B, H, L, D) in the implementation's LAYOUT, C-contiguous (as a framework's
+        own call would make it); every other input as it is."""
+        if name not in self.layout_inputs(op) or array is None:
+            return array
+        return np.ascontiguousarray(np.swapaxes(array, 1, 2))
+
+    def from_layout(self, op: str, array):
+        """A NumPy output (or a gradient of q, k, v) in the implementation's LAYOUT back in the suite's (B, H, L, D).
+        An array that is not 4-d stays as it is (the shape check names it)."""
+        if not self.layout_inputs(op) or array is None or np.ndim(array) != 4:
+            return array
+        return np.swapaxes(array, 1, 2)
+
+    def layout_shape(self, op: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape in the implementation's LAYOUT of a (B, H, L, D) shape of the suite."""
+        if not self.layout_inputs(op) or len(shape) != 4:
+            return tuple(shape)
+        return (shape[0], shape[2], shape[1], shape[3])
 
     def devices(self) -> list[str]:
         arrays = ARRAY_KINDS[self.array]
@@ -158,14 +224,14 @@ class Implementation:
         scalar arguments. Defaults are left out so optional parameters stay optional.
         The suite's judge calls ``call_raw`` instead, to check the result's type first.
         """
-        return ARRAY_KINDS[self.array].to_numpy(self.call_raw(op, arrays, options, device))
+        return self.from_layout(op, ARRAY_KINDS[self.array].to_numpy(self.call_raw(op, arrays, options, device)))
 
     def call_raw(self, op: str, arrays: dict[str, Any], options: dict, device: str, passed: dict | None = None):
-        """As ``call``, but return the result exactly as the implementation returned it (no conversion).
+        """As ``call``, but return the result exactly as the implementation returned it (no conversion, in its LAYOUT).
 
         ``passed``, if given, receives the framework arrays handed to the implementation,
         by input name (``params`` a dict of them), so that a caller can see whether the
-        call changed them.
+        call changed them (q, k, v of an sdpa in LAYOUT "blhd" are its own transposed copies).
         """
         kind = ARRAY_KINDS[self.array]
         passed = {} if passed is None else passed
@@ -181,7 +247,8 @@ class Implementation:
             "multi_head_attention": ("query", "key", "value", "params", "num_heads"),
         }[op]
         merged = {**arrays, **options}
-        args = [native(merged[name]) if name != "num_heads" else merged[name] for name in positional]
+        args = [native(self.to_layout(op, name, merged[name])) if name != "num_heads" else merged[name]
+                for name in positional]
         passed.update({name: arg for name, arg in zip(positional, args) if name != "num_heads"})
         kwargs = {}
         for key, default in OPTIONAL_KEYWORDS[op].items():
@@ -202,7 +269,8 @@ class Implementation:
             "dtypes": {d: list(self.dtypes_on(d)) for d in ("cpu", "cuda")} if self.dtypes_by_device else list(self.dtypes),
             "devices": self.devices(),
             "operations": {op: self.implements(op) for op in OPERATIONS},
-            "fully_masked_rows": self.fully_masked_rows,
+            "fully_masked_rows": _describe_policy(self.fully_masked_rows),
+            "layout": self.layout,
             "known_deviations": [{"clause": d["clause"] if isinstance(d["clause"], str) else ", ".join(d["clause"]),
                                   "reason": d["reason"]} for d in self.known_deviations],
             "supports": self.region.describe() if self.region.declared else "everything",
@@ -210,6 +278,59 @@ class Implementation:
             "gradients": self.gradients,
             "skip_reason": self.skip_reason,
         }
+
+
+def _by_dtype(declared: dict) -> bool:
+    return any(key in DTYPE_NAMES for key in declared)
+
+
+def _describe_policy(declared):
+    """FULLY_MASKED_ROWS as the report writes it: a callable by its name, mappings as they are."""
+    if callable(declared):
+        return f"callable {getattr(declared, '__module__', '?')}.{getattr(declared, '__qualname__', repr(declared))}"
+    return declared
+
+
+def parse_fully_masked_rows(declared, spec: str):
+    """FULLY_MASKED_ROWS validated (README "The contract"): a policy; {cause: policy}; {dtype: policy or
+    {cause: policy}}; or a callable(facts) returning a policy. An error names the implementation, the attribute and
+    the key at fault."""
+    def policy(value, where: str) -> None:
+        if not isinstance(value, str) or value not in FULLY_MASKED_POLICIES:
+            raise ImplementationLoadError(
+                f"{spec}: FULLY_MASKED_ROWS{where}={value!r} must be one of {list(FULLY_MASKED_POLICIES)}")
+
+    def causes(mapping: dict, where: str) -> None:
+        for key, value in mapping.items():
+            if key not in FULLY_MASKED_CAUSES:
+                raise ImplementationLoadError(
+                    f"{spec}: FULLY_MASKED_ROWS{where} has key {key!r}, which is no cause of a fully masked row "
+                    f"({', '.join(FULLY_MASKED_CAUSES)})"
+                    + ("" if where else f" and no dtype ({', '.join(DTYPE_NAMES)})"))
+            policy(value, f"{where}[{key!r}]")
+
+    if callable(declared) or isinstance(declared, str):
+        if isinstance(declared, str):
+            policy(declared, "")
+        return declared
+    if not isinstance(declared, dict) or not declared:
+        raise ImplementationLoadError(
+            f"{spec}: FULLY_MASKED_ROWS={declared!r} must be one of {list(FULLY_MASKED_POLICIES)}, a dict by cause "
+            f"({', '.join(FULLY_MASKED_CAUSES)}) or by dtype ({', '.join(DTYPE_NAMES)}), or a callable(facts)")
+    if _by_dtype(declared):
+        stray = [key for key in declared if key not in DTYPE_NAMES]
+        if stray:
+            raise ImplementationLoadError(
+                f"{spec}: FULLY_MASKED_ROWS mixes dtypes and other keys: {stray[0]!r} is no dtype "
+                f"({', '.join(DTYPE_NAMES)}); put causes inside a dtype's entry")
+        for dtype, value in declared.items():
+            if isinstance(value, dict):
+                causes(value, f"[{dtype!r}]")
+            else:
+                policy(value, f"[{dtype!r}]")
+        return declared
+    causes(declared, "")
+    return declared
 
 
 def _differs(value, default) -> bool:
@@ -247,15 +368,12 @@ def from_object(obj, name: str, spec: str) -> Implementation:
     unknown = [d for d in dtypes if d not in DTYPE_NAMES]
     if unknown:
         raise ImplementationLoadError(f"{spec}: DTYPES names unknown dtypes {unknown}; allowed: {list(DTYPE_NAMES)}")
-    policy = getattr(obj, "FULLY_MASKED_ROWS", "zeros")
-    declared = policy.values() if isinstance(policy, dict) else [policy]
-    if (isinstance(policy, dict) and not set(policy) <= {"bool", "float"}) or any(
-        p not in FULLY_MASKED_POLICIES for p in declared
-    ):
+    policy = parse_fully_masked_rows(getattr(obj, "FULLY_MASKED_ROWS", "zeros"), spec)
+    layout = getattr(obj, "LAYOUT", "bhld")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ImplementationLoadError(
-            f"{spec}: FULLY_MASKED_ROWS={policy!r} must be one of {list(FULLY_MASKED_POLICIES)} "
-            "or a dict mapping 'bool' and/or 'float' (the mask kind) to one of them"
-        )
+            f"{spec}: LAYOUT={layout!r} must be one of {list(LAYOUTS)} (sdpa's q, k, v and output as "
+            f"{LAYOUT_SHAPES['bhld']} or {LAYOUT_SHAPES['blhd']})")
     devices = getattr(obj, "DEVICES", None)
     if devices is not None:
         if isinstance(devices, str) or not all(isinstance(d, str) for d in devices):
@@ -296,6 +414,7 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         dtypes_by_device=by_device,
         declared_devices=tuple(devices) if devices is not None else None,
         fully_masked_rows=policy,
+        layout=layout,
         known_deviations=deviations,
         spec=spec,
         region=region,

@@ -36,6 +36,8 @@ import math
 
 import numpy as np
 
+from . import deviations
+
 ALL_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -729,15 +731,12 @@ class JaxDotProductAttention:
     # JAX's default matmul precision on NVIDIA GPUs rounds float32 matmul inputs to TF32 (H100, jax 0.11.2:
     # error 9.2e-4 at the default precision, 3.7e-7 at "highest"); this built-in judges JAX as users run it.
     FLOAT32_MATMUL = {"cuda": "tf32"}
-    KNOWN_DEVIATIONS = (
-        {
-            "clause": "mask.fully-masked-row",
-            "when": lambda facts: facts["is_causal"] and facts["mask_kind"] == "float" and facts["fully_masked"],
-            "reason": "jax 0.10.2: is_causal masks with a large finite negative, so a row whose float bias is "
-            "-inf on every key the causal band allows attends the causally masked (future) keys instead",
-        },
-    )
-    FULLY_MASKED_ROWS = {"bool": "uniform", "float": "nan"}
+    # Measured on jax 0.10.2 CPU: JAX folds the boolean mask, is_causal, the window and the key lengths into one
+    # mask filled with -0.7 * finfo.max, so a row any of them empties averages v, also beside a float bias (the
+    # older {"bool": "uniform", "float": "nan"} had said NaN for key-length rows of a case with a float mask); a
+    # bias -inf on every key is NaN, and one -inf on every key those removals leave attends the removed keys.
+    KNOWN_DEVIATIONS = (deviations.large_finite_negative_mask_fill(note="jax 0.10.2, measured on CPU"),)
+    FULLY_MASKED_ROWS = deviations.LARGE_FINITE_NEGATIVE_ROWS
 
     @staticmethod
     def softmax(x, axis=-1):

@@ -1,0 +1,201 @@
+"""LAYOUT "blhd": sdpa's q, k, v and output as (B, L, H, D), handed over contiguous and read back in it.
+
+A stand-in that computes in (B, L, H, D) and declares it passes everything its (B, H, L, D) twin passes, forward,
+gradients and dropout included; the same stand-in declaring the default fails, and the failure names
+contract.layout; a repro hands it the layout it takes.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attention_conformance.conformance.cases import Case
+from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.gradients import gradients
+from attention_conformance.conformance.report import ConformanceFailure
+from attention_conformance.implementations import ImplementationLoadError, load_implementation
+from attention_conformance.implementations._registry import from_object
+from attention_conformance.implementations.builtin import TorchSDPA
+from zoo import _reference as ref
+
+from .battery import run_battery
+
+pytestmark = pytest.mark.selfcheck
+SPEC = "tests.test_layout"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bhld(*arrays):
+    return [np.swapaxes(a, 1, 2) for a in arrays]
+
+
+def _require_contiguous(*arrays) -> None:
+    # What a kernel that reads raw pointers needs; the suite promises it (np.ascontiguousarray / .contiguous()).
+    for array in arrays:
+        if not (array.flags.c_contiguous if isinstance(array, np.ndarray) else array.is_contiguous()):
+            raise ValueError("q, k and v must be contiguous")
+
+
+class NumpyBLHD:
+    """The reference computed on (B, L, H, D) inputs, declared."""
+
+    LAYOUT = "blhd"
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        _require_contiguous(q, k, v)
+        out = ref.sdpa(*_bhld(q, k, v), mask, is_causal, scale)
+        return np.ascontiguousarray(np.swapaxes(out, 1, 2))
+
+
+class NumpyBHLD:
+    """Its twin in the default layout."""
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        _require_contiguous(q, k, v)
+        return ref.sdpa(q, k, v, mask, is_causal, scale)
+
+
+class NumpyBLHDUndeclared(NumpyBLHD):
+    LAYOUT = "bhld"
+
+
+class NumpyBLHDWrongOutput(NumpyBLHD):
+    """Computes in (B, L, H, D) but returns (B, H, L, D)."""
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        return ref.sdpa(*_bhld(q, k, v), mask, is_causal, scale)
+
+
+class NumpyBLHDWritesQ(NumpyBLHD):
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        out = NumpyBLHD.sdpa(q, k, v, mask, is_causal, scale)
+        q[0, 0, 0, 0] += 1.0
+        return out
+
+
+class TorchBLHD:
+    """torch's SDPA behind (B, L, H, D), as FlashAttention's and JAX's APIs take it; differentiable, with dropout."""
+
+    ARRAY = "torch"
+    LAYOUT = "blhd"
+    DTYPES = ("float32", "float64")
+    KNOWN_DEVIATIONS = TorchSDPA.KNOWN_DEVIATIONS  # torch's CPU kernel at is_causal with a scale <= 0, either layout
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0):
+        _require_contiguous(q, k, v)
+        out = TorchSDPA.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, is_causal, scale,
+                             dropout_p)
+        return out.transpose(1, 2)
+
+
+class TorchBHLD:
+    ARRAY = "torch"
+    DTYPES = ("float32", "float64")
+    KNOWN_DEVIATIONS = TorchSDPA.KNOWN_DEVIATIONS
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, dropout_p=0.0):
+        _require_contiguous(q, k, v)
+        return TorchSDPA.sdpa(q, k, v, mask, is_causal, scale, dropout_p)
+
+
+def _sdpa_case(**options) -> Case:
+    rng = np.random.default_rng(5)
+    inputs = {"q": rng.standard_normal((2, 3, 5, 4)), "k": rng.standard_normal((2, 1, 7, 4)),
+              "v": rng.standard_normal((2, 1, 7, 2)), **options}
+    return Case("sdpa", inputs, ("sdpa.definition",), "B2 Hq3 Hkv1 Lq5 Lk7")
+
+
+# ------------------------------------------------------------------ the suite on both layouts
+@pytest.mark.parametrize("blhd, bhld, dtypes", [
+    ("NumpyBLHD", "NumpyBHLD", ("float32", "float64")),
+    ("TorchBLHD", "TorchBHLD", ("float32",)),
+])
+def test_a_declared_blhd_stand_in_passes_everything_its_bhld_twin_passes(blhd, bhld, dtypes):
+    results = {}
+    for member in (blhd, bhld):
+        impl = load_implementation(f"{SPEC}:{member}")
+        results[member] = run_battery(impl, dtypes=dtypes, max_examples=4, brief=True)
+        assert not results[member].errors, results[member].errors[:3]
+        assert not results[member].failures, (member, results[member].failures[:5])
+    assert results[blhd].passed == results[bhld].passed > 0
+
+
+def test_the_undeclared_layout_fails_under_contract_layout():
+    impl = load_implementation(f"{SPEC}:NumpyBLHDUndeclared")
+    verdicts = run_battery(impl, dtypes=("float32",), max_examples=4, brief=True,
+                           stop_on=frozenset({"contract.layout"}))
+    assert "contract.layout" in verdicts.clauses, verdicts.failures[:5]
+
+
+def test_a_failure_in_the_wrong_layout_says_which_layout_passes(kept_records):
+    judge = Judge(load_implementation(f"{SPEC}:NumpyBLHDUndeclared"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(_sdpa_case(is_causal=True))
+    assert raised.value.clause == "contract.layout"
+    assert "passes with q, k, v handed as (B, L, H, D) (LAYOUT 'blhd')" in str(raised.value)
+
+
+def test_an_output_in_the_other_layout_is_a_shape_failure_naming_the_layout(kept_records):
+    judge = Judge(load_implementation(f"{SPEC}:NumpyBLHDWrongOutput"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(_sdpa_case())
+    assert raised.value.clause == "sdpa.output-shape"
+    assert "output shape (2, 3, 5, 2), expected (2, 5, 3, 2) (LAYOUT 'blhd': (B, L, H, D))" in str(raised.value)
+
+
+def test_a_write_to_a_transposed_input_is_still_seen(kept_records):
+    judge = Judge(load_implementation(f"{SPEC}:NumpyBLHDWritesQ"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(_sdpa_case())
+    assert raised.value.clause == "contract.inputs-unchanged" and "mutated input q" in str(raised.value)
+
+
+def test_the_repro_hands_the_layout_the_implementation_takes(kept_records):
+    """The repro of a blhd implementation calls it through impl.call, which transposes: a correct one shows no
+    error; the snippet says so in a comment."""
+    case = _sdpa_case(scale=0.7)
+    judge = Judge(load_implementation(f"{SPEC}:NumpyBLHD"), "float64", "cpu")
+    snippet = judge._snippet(case, case.rounded("float64"))
+    assert "LAYOUT 'blhd' (B, L, H, D)" in snippet
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = dict(line.rsplit(" ", 1) for line in done.stdout.strip().splitlines())
+    assert float(printed["max abs error"]) < 1e-12, done.stdout
+
+
+def test_gradients_come_back_in_the_suites_layout():
+    pytest.importorskip("torch")
+    case = _sdpa_case(is_causal=True)
+    inputs = dict(case.rounded("float64"))
+    d_out = np.random.default_rng(1).standard_normal((2, 3, 5, 2))
+    got = {member: gradients(load_implementation(f"{SPEC}:{member}"), inputs, d_out, "cpu")
+           for member in ("TorchBLHD", "TorchBHLD")}
+    assert got["TorchBLHD"]["out"].shape == d_out.shape
+    for name, of in (("dq", "q"), ("dk", "k"), ("dv", "v")):
+        assert got["TorchBLHD"][name].shape == inputs[of].shape
+    for name in ("out", "dq", "dk", "dv"):
+        np.testing.assert_allclose(got["TorchBLHD"][name], got["TorchBHLD"][name], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "BLHD", ("b", "l", "h", "d"), None])
+def test_an_unknown_layout_is_a_load_error_naming_the_attribute(layout):
+    obj = types.SimpleNamespace(sdpa=NumpyBHLD.sdpa, LAYOUT=layout)
+    with pytest.raises(ImplementationLoadError) as raised:
+        from_object(obj, "mine", "my_module:mine")
+    assert str(raised.value).startswith(f"my_module:mine: LAYOUT={layout!r} must be one of ['bhld', 'blhd']")
+
+
+def test_the_report_shows_the_layout():
+    assert load_implementation(f"{SPEC}:NumpyBLHD").describe()["layout"] == "blhd"
+    assert load_implementation(f"{SPEC}:NumpyBHLD").describe()["layout"] == "bhld"
