@@ -130,9 +130,15 @@ def _cell_status(counts: Counter) -> str:
 
 
 def _policy_text(policy: Any) -> str:
-    if isinstance(policy, dict):
-        return ", ".join(f"{kind} mask: {value}" for kind, value in policy.items())
-    return str(policy)
+    """FULLY_MASKED_ROWS in words: by mask kind ("bool mask: uniform"), by cause ("window rows: zeros"), by dtype."""
+    if not isinstance(policy, dict):
+        return str(policy)
+
+    def key_text(key: str) -> str:
+        return f"{key} mask" if key in ("bool", "float") else key if key in DTYPE_ORDER else f"{key} rows"
+
+    return ", ".join(f"{key_text(key)}: " + (f"({_policy_text(value)})" if isinstance(value, dict) else str(value))
+                     for key, value in policy.items())
 
 
 def _dtypes_text(dtypes: Any) -> str:
