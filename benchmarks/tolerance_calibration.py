@@ -20,6 +20,7 @@ out and counted (the suite reports them as deviations, it does not judge them).
     python benchmarks/tolerance_calibration.py [--examples 60] [--impl zoo.kernel_correct ...] [--dtype float16]
     python benchmarks/tolerance_calibration.py --precision-zoo   # the zoo's precision_* and correct 16-bit members
     python benchmarks/tolerance_calibration.py --ops variants,variants-kernel,softcap,alibi   # the sdpa variants
+    python benchmarks/tolerance_calibration.py --ops sinks,sinks-kernel,chunk-leftpad   # issue 25's variants
 """
 from __future__ import annotations
 
@@ -138,6 +139,16 @@ def main() -> None:
         "variants-kernel": ("sdpa", strategies.variant_cases(mask_kinds=("none", "bool-full", "float")), KERNEL_REGION),
         "softcap": ("sdpa", strategies.variant_cases(variants=("softcap",), mask_kinds=("none", "float")), None),
         "alibi": ("sdpa", strategies.variant_cases(variants=("alibi_slopes", "query_offset")), None),
+        # Issue 25 (spec/tolerances.yaml, variants: c_sink): learnable sinks on every older variant, with masks,
+        # causal and GQA, small and kernel-shaped; chunks, sink tokens and left padding (they only choose keys).
+        "sinks": ("sdpa", strategies.sink_chunk_leftpad_cases(
+            features=("learnable_sink",), variants=strategies.VARIANTS, mask_kinds=("none", "bool-full", "float")), None),
+        "sinks-kernel": ("sdpa", strategies.sink_chunk_leftpad_cases(
+            features=("learnable_sink",), variants=strategies.VARIANTS, mask_kinds=("none", "bool-full", "float")),
+            KERNEL_REGION),
+        "chunk-leftpad": ("sdpa", strategies.sink_chunk_leftpad_cases(
+            features=strategies.SINK_FEATURES, variants=("window", "query_offset"),
+            mask_kinds=("none", "key-padding")), None),
         "softmax": ("softmax", strategies.softmax_cases(), None),
         "multi_head_attention": ("multi_head_attention", strategies.mha_cases(), None),
     }

@@ -618,27 +618,49 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
 # ------------------------------------------------------------------ variants of issue 25
 # Learnable attention sinks, sink tokens, chunked local attention and left padding (README "The contract";
 # spec/clauses.yaml sdpa.learnable-sink ... sdpa.key-leftpad), each drawn at its edges on a case of variant_cases:
-# sink logits above every score of the row, among them, far below them (no effect) or mixed across heads, also on
+# sink logits above a row's scores, among them, far below them (no effect) or mixed across heads, also on
 # rows without keys; chunks of 1, 2, a few, the key length and past it; sink tokens 1 .. Lk beside a window whose
-# left edge is bounded (without one they change nothing); left paddings of 0, 1, Lk (every key padding) or between.
+# left edge is bounded (without one they change nothing); left paddings of 0, 1, Lk (every key padding) or one that
+# leaves real keys to the last query row.
 SINK_FEATURES = ("learnable_sink", "sink_token_length", "attention_chunk", "key_leftpad")
 SINK_FORMS = ("above", "among", "below", "mixed")
 
 
-def _sink_logits(form: str, rng: np.random.Generator, top: float, heads: int) -> np.ndarray:
-    """(Hq,) sink logits relative to the case's largest |score| ``top``: above it by 0.5 .. 8, among the scores
-    (|sigma| <= top + 1), below -top by 20 .. 40 (a weight of e^-20 or less: the row is unchanged), or each head
-    its own form."""
-    forms = rng.choice(SINK_FORMS[:3], size=heads) if form == "mixed" else np.full(heads, form)
-    above = top + rng.uniform(0.5, 8.0, heads)
-    among = rng.uniform(-1.0, 1.0, heads) * (top + 1.0)
-    below = -top - rng.uniform(20.0, 40.0, heads)
-    return np.where(forms == "above", above, np.where(forms == "among", among, below))
+def _sink_logits(form: str, rng: np.random.Generator, scores: np.ndarray) -> np.ndarray:
+    """(Hq,) sink logits placed against each head's own scores (B, Hq, Lq, Lk), -inf where a key is removed: above
+    one of its rows' largest score by 0.5 .. 4 (that row's weights shrink by up to e^-4, none vanishes), equal to one
+    of its scores (comparable to the keys), or below its smallest by 20 .. 40 (the rows are unchanged); "mixed" draws
+    a form per head. A head without keys gets a logit in [-3, 3]: its rows are 0 whatever the sink."""
+    heads = scores.shape[1]
+    forms = rng.choice(SINK_FORMS[:3], size=heads) if form == "mixed" else [form] * heads
+    logits = np.empty(heads)
+    for h, chosen in enumerate(forms):
+        head = scores[:, h]
+        finite = head[np.isfinite(head)]
+        if finite.size == 0:
+            logits[h] = rng.uniform(-3.0, 3.0)
+            continue
+        row_max = np.max(head, axis=-1)
+        if chosen == "above":
+            logits[h] = rng.choice(row_max[np.isfinite(row_max)]) + rng.uniform(0.5, 4.0)
+        elif chosen == "among":
+            logits[h] = rng.choice(finite)
+        else:
+            logits[h] = finite.min() - rng.uniform(20.0, 40.0)
+    return logits
 
 
 def _chunks(length: int):
     return st.sampled_from(sorted({1, 2, 3, max(length // 2, 1), max(length, 1), length + 1})) | st.integers(
         1, max(length, 1) + 2)
+
+
+def _leftpads(length: int, inputs: dict, example: int):
+    """A left padding: 0, 1 or all the keys, or one that leaves the example a real key before its end
+    (key_lengths) and its last query row past the padding, as in a batch of left-padded prompts."""
+    end = length if inputs.get("key_lengths") is None else int(inputs["key_lengths"][example])
+    live = max(0, min(end - 1, int(inputs.get("query_offset", 0)) + inputs["q"].shape[2] - 1))
+    return st.sampled_from(sorted({0, 1, length})) | st.integers(0, live)
 
 
 def _sink_token_lengths(length: int):
@@ -671,14 +693,14 @@ def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), claus
         inputs["attention_chunk"] = draw(_chunks(lk), label="attention_chunk")
         words.append(f"chunk={inputs['attention_chunk']}")
     if "key_leftpad" in features:
-        inputs["key_leftpad"] = np.array([draw(_lengths(lk), label="key leftpad") for _ in range(b)], dtype=np.int32)
+        inputs["key_leftpad"] = np.array([draw(_leftpads(lk, inputs, example), label="key leftpad")
+                                          for example in range(b)], dtype=np.int32)
         words.append(f"key_leftpad={inputs['key_leftpad'].tolist()}")
     if "learnable_sink" in features:
         form = draw(st.sampled_from(SINK_FORMS), label="sink logits")
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="sink seed"))
         scores = oracle.scores(q, k, inputs.get("mask"), inputs.get("is_causal", False), inputs.get("scale"),
                                **oracle.variant_options(inputs))
-        top = float(np.max(np.abs(np.where(np.isfinite(scores), scores, 0.0)), initial=0.0))
-        inputs["learnable_sink"] = _sink_logits(form, rng, top, hq)
+        inputs["learnable_sink"] = _sink_logits(form, rng, np.broadcast_to(scores, (b, hq, lq, lk)))
         words.append(f"sink={form}")
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)

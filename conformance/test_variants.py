@@ -199,11 +199,12 @@ def test_key_leftpad(impl, device, dtype, case):
 
 
 @property_test(covering_set="brief", requires=needs("key_leftpad", "attention_chunk", "sink_token_length", "window",
-                                                    "query_offset", "key_lengths", "query_lengths"))
+                                                    "query_offset"))
 @sdpa_op
 @given(case=sink_chunk_leftpad_cases(features=("key_leftpad", "attention_chunk", "sink_token_length"),
-                                     variants=("window", "query_offset", "lengths"), clauses=("sdpa.key-leftpad",),
+                                     variants=("window", "query_offset"), clauses=("sdpa.key-leftpad",),
                                      mask_kinds=("none", "key-padding")))
 def test_key_leftpad_positions(impl, device, dtype, case):
-    """Chunks and sink tokens count from the first real key; key_lengths stays the end of the real keys."""
+    """Chunks and sink tokens count from the first real key (key_lengths beside key_leftpad: fixtures/variants_2026.yaml;
+    drawn together with a window and a chunk they left 47 % of cases without a key)."""
     check(impl, device, dtype, case)
