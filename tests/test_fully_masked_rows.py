@@ -161,8 +161,8 @@ def test_a_case_with_a_window_row_and_a_bias_row_takes_both_policies(kept_record
     policy = judge.policy(case, inputs)
     assert policy.shape == (2, 2, 6)
     assert (policy[..., 0] == "nan").all() and (policy[..., 3:] == "zeros").all()
-    record = judge.check(case)
-    assert judge.judge(case, record[0], record[1]).status == "deviation"  # a declared non-zeros row was judged
+    got, inputs = judge.check(case)
+    assert judge.judge(case, got, inputs).status == "deviation"  # rows under a declared non-zeros policy were judged
     with pytest.raises(ConformanceFailure) as raised:
         _judge(f"{SPEC}:WindowZerosBiasNanUndeclared").check(case)
     assert raised.value.clause == "mask.fully-masked-row"
@@ -207,8 +207,7 @@ def test_a_stand_in_passes_exactly_when_it_declares_what_it_does(member, dtypes,
 
 def test_the_callable_gets_the_facts_of_a_deviation_and_the_rows_cause(kept_records):
     NanInFloat16Callable.SEEN.clear()
-    case = _case(mask=np.array([[True] * 3] * 5 + [[False] * 3]), key_lengths=None)
-    del case.inputs["key_lengths"]
+    case = _case(mask=np.array([[True] * 3] * 5 + [[False] * 3]))
     judge = _judge(f"{SPEC}:NanInFloat16Callable", "float16")
     judge.check(case)
     assert NanInFloat16Callable.SEEN, "the callable was not asked"
