@@ -509,33 +509,15 @@ class TorchFlexAttention:
             cls._compiled = torch.compile(flex_attention)
         return cls._compiled
 
-    @classmethod
-    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-             attention_chunk=None, key_leftpad=None):
-        # Every variant is flex's own: the causal band (offset), the window with its sink tokens, the chunk, key
-        # lengths, the left padding and a boolean mask are one mask_mod (a BlockMask); softcap, ALiBi and a float
-        # mask one score_mod, in the contract's order. The learnable sink, which is no key, rescales flex's output
-        # by its log-sum-exp: o * Z / (Z + e^sigma) = o * sigmoid(lse - sigma) (a row without keys: lse = -inf, 0).
+    @staticmethod
+    def _mods(q, b, hq, lq, lk, *, is_causal, window, softcap, offset, sink_tokens, chunk, keep=None, bias=None,
+              lengths=None, slopes=None, pads=None):
+        """(mask_mod or None, score_mod or None): the contract's variants as flex's modifications, each present
+        only where a case uses it."""
         import torch
-        from torch.nn.attention.flex_attention import create_block_mask
 
-        b, hq, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-        block_mask = score_mod = None
-        keep = bias = slopes = lengths = pads = None
-        if mask is not None and mask.dtype == torch.bool:
-            keep = mask.expand(b, hq, lq, lk).contiguous()
-        elif mask is not None:
-            bias = mask.expand(b, hq, lq, lk).contiguous()
-        if key_lengths is not None:
-            lengths = key_lengths.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
-        if alibi_slopes is not None:
-            slopes = _slopes_4d(alibi_slopes, hq)[..., 0, 0].expand(b, hq).contiguous()
-        if key_leftpad is not None:
-            pads = key_leftpad.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
         left, right = window if window is not None else (None, None)
-        offset, sink_tokens, chunk = int(query_offset), int(sink_token_length), attention_chunk
-
+        mask_mod = score_mod = None
         if is_causal or keep is not None or window is not None or lengths is not None or chunk is not None \
                 or pads is not None:
             def mask_mod(bi, h, qi, ki):
@@ -557,7 +539,6 @@ class TorchFlexAttention:
                     allowed = allowed & (ki < lengths[bi])
                 return allowed & keep[bi, h, qi, ki] if keep is not None else allowed
 
-            block_mask = create_block_mask(mask_mod, b, hq, lq, lk, device=q.device)
         if softcap is not None or slopes is not None or bias is not None:
             def score_mod(score, bi, h, qi, ki):
                 if softcap is not None:
@@ -567,7 +548,35 @@ class TorchFlexAttention:
                 if bias is not None:
                     score = score + bias[bi, h, qi, ki]
                 return score
+        return mask_mod, score_mod
 
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+             attention_chunk=None, key_leftpad=None):
+        # Every variant is flex's own: the causal band (offset), the window with its sink tokens, the chunk, key
+        # lengths, the left padding and a boolean mask are one mask_mod (a BlockMask); softcap, ALiBi and a float
+        # mask one score_mod, in the contract's order. The learnable sink, which is no key, rescales flex's output
+        # by its log-sum-exp: o * Z / (Z + e^sigma) = o * sigmoid(lse - sigma) (a row without keys: lse = -inf, 0).
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        b, hq, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        options = {}
+        if mask is not None and mask.dtype == torch.bool:
+            options["keep"] = mask.expand(b, hq, lq, lk).contiguous()
+        elif mask is not None:
+            options["bias"] = mask.expand(b, hq, lq, lk).contiguous()
+        if key_lengths is not None:
+            options["lengths"] = key_lengths.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
+        if alibi_slopes is not None:
+            options["slopes"] = _slopes_4d(alibi_slopes, hq)[..., 0, 0].expand(b, hq).contiguous()
+        if key_leftpad is not None:
+            options["pads"] = key_leftpad.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
+        mask_mod, score_mod = cls._mods(q, b, hq, lq, lk, is_causal=bool(is_causal), window=window, softcap=softcap,
+                                        offset=int(query_offset), sink_tokens=int(sink_token_length),
+                                        chunk=attention_chunk, **options)
+        block_mask = None if mask_mod is None else create_block_mask(mask_mod, b, hq, lq, lk, device=q.device)
         if learnable_sink is None:
             return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                enable_gqa=hq != k.shape[1])
@@ -582,6 +591,9 @@ class TorchFlexAttention:
             lse = aux.lse
         sink = _sink_4d(learnable_sink, hq)[..., 0].to(device=lse.device, dtype=lse.dtype)  # (1, Hq, 1)
         return (out * torch.sigmoid(lse - sink)[..., None].to(out.dtype)).to(q.dtype)
+
+
+NEUTRAL_MASK_ELEMENTS = 2**22  # torch_flex_cpu: the largest neutral mask or bias it builds (4 M elements)
 
 
 class TorchFlexAttentionCPU(TorchFlexAttention):
@@ -626,6 +638,59 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
                 return flex_attention(*args, **kwargs)
 
         return eager
+
+    @staticmethod
+    def _mods(q, b, hq, lq, lk, *, is_causal, window, softcap, offset, sink_tokens, chunk, keep=None, bias=None,
+              lengths=None, slopes=None, pads=None):
+        """The same modifications with one structure whatever the options: each option is a tensor, neutral where
+        the case does not use it (a window edge beyond every distance, key lengths Lk, no padding, a bias of 0,
+        ...). Dynamo traces eager flex once per structure of its mods (their closures' None-ness and Python
+        values are guarded), so the options' 2^11 structures cost a trace each (0.2-1 s; 40-80 a default run);
+        with this, one per {mask_mod, score_mod} present. Exactly the same values: x + 0 and x - 0 * d are x,
+        and a where() picks softcap's tanh only where it is asked for."""
+        import torch
+
+        device, whole = q.device, dict(dtype=torch.int64, device=q.device)
+        uses_mask = is_causal or keep is not None or window is not None or lengths is not None or chunk is not None \
+            or pads is not None
+        uses_scores = softcap is not None or slopes is not None or bias is not None
+        if b * hq * lq * lk > NEUTRAL_MASK_ELEMENTS:  # no neutral (B, H, Lq, Lk) mask or bias for a large shape
+            return TorchFlexAttention._mods(q, b, hq, lq, lk, is_causal=is_causal, window=window, softcap=softcap,
+                                            offset=offset, sink_tokens=sink_tokens, chunk=chunk, keep=keep,
+                                            bias=bias, lengths=lengths, slopes=slopes, pads=pads)
+        beyond = lq + lk + abs(offset) + 1  # farther than any query from any key
+        left, right = (window if window is not None else (None, None))
+        left = torch.tensor(beyond if left is None else int(left), **whole)
+        right = torch.tensor(beyond if right is None else int(right), **whole)
+        causal = torch.tensor(bool(is_causal), device=device)
+        chunked = torch.tensor(chunk is not None, device=device)
+        chunk = torch.tensor(1 if chunk is None else int(chunk), **whole)
+        offset = torch.tensor(int(offset), **whole)
+        sink_tokens = torch.tensor(int(sink_tokens), **whole)
+        pads = torch.zeros(b, **whole) if pads is None else pads
+        lengths = torch.full((b,), lk, **whole) if lengths is None else lengths
+        # Contiguous like a given mask (an expanded one has other strides, which dynamo guards too).
+        keep = torch.ones((b, hq, lq, lk), dtype=torch.bool, device=device) if keep is None and uses_mask else keep
+        capped = torch.tensor(softcap is not None, device=device)
+        cap = torch.tensor(1.0 if softcap is None else float(softcap), dtype=q.dtype, device=device)
+        slopes = torch.zeros((b, hq), dtype=q.dtype, device=device) if slopes is None else slopes
+        bias = torch.zeros((b, hq, lq, lk), dtype=q.dtype, device=device) if bias is None and uses_scores else bias
+
+        def mask_mod(bi, h, qi, ki):
+            p, j = qi + offset - pads[bi], ki - pads[bi]
+            allowed = (j <= p) | ~causal
+            allowed = allowed & ((j >= p - left) | ((j >= 0) & (j < sink_tokens)))
+            allowed = allowed & (j <= p + right)
+            same_chunk = torch.div(j, chunk, rounding_mode="floor") == torch.div(p, chunk, rounding_mode="floor")
+            allowed = allowed & (same_chunk | ~chunked)
+            return allowed & (j >= 0) & (ki < lengths[bi]) & keep[bi, h, qi, ki]
+
+        def score_mod(score, bi, h, qi, ki):
+            score = torch.where(capped, torch.tanh(score / cap) * cap, score)
+            score = score - slopes[bi, h] * (qi + offset - ki).abs()
+            return score + bias[bi, h, qi, ki]
+
+        return (mask_mod if uses_mask else None), (score_mod if uses_scores else None)
 
     @classmethod
     def sdpa(cls, q, k, v, *args, **kwargs):
