@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from . import agreement, checks, coverage, environment, session, summary
+from . import agreement, checks, coverage, environment, root_causes, session, summary
 from .report import distinct
 from .specdata import ROOT
 
@@ -39,6 +39,7 @@ def build_report(config, exitstatus) -> dict:
         "environment": environment.environment(),
         "implementations": [impl.describe() for impl in session.implementations(config)],
         "summary": summary.implementation_summary(),
+        "causes": [cause.as_dict() for cause in root_causes.root_causes(checks.RECORDS)],
         "coverage": config.stash.get(coverage.PROBLEMS_KEY, []),
         "cases": _case_dicts(distinct(checks.RECORDS)),
         "agreement": agreement.matrix(),

@@ -9,7 +9,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from . import checks, session
+from . import checks, root_causes, session
 from .report import JUDGED, distinct
 
 OPERATIONS = ("softmax", "sdpa", "multi_head_attention")  # the contract's order, for the per-operation counts
@@ -122,6 +122,9 @@ def terminal_summary(tr, config) -> None:
     for name, entry in entries.items():
         for line in implementation_lines(name, entry):
             tr.write_line(line)
+    # What the failures share, one line a cause, before the clauses they are filed under (root_causes.py).
+    for cause in root_causes.root_causes(checks.RECORDS):
+        tr.write_line(cause.line())
     # The clause that failed on the smallest case first (checks.breaks_order); each failure is
     # filed under the clause at fault, not the one its case was drawn for.
     for name, clause_ids in sorted(checks.breaks_order(checks.RECORDS).items()):

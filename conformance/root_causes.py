@@ -1,0 +1,172 @@
+"""One root cause per message: the factors an implementation's failures share, one summary line each.
+
+A user's first question on a red run is "how many things are wrong?", not "which clauses". One defect surfaces
+under several clauses (an exception raised whenever mask and is_causal come together is blamed on causal.top-left,
+mask.before-softmax, ...), so the summary names the causes before the per-clause list:
+
+* failures that raised the same exception (type and message, numbers aside) are one cause, with the condition of
+  their cases that explains them where one does (shared by every one of them, met by no case that passed);
+* among the others, greedily, the condition (one factor of the case, or two together) met by the most failures
+  and almost never by a case that passed (at least ``SPECIFICITY`` of the cases meeting it failed) is a cause,
+  until none explains two failures.
+
+Factors are read off the record: its dtype, and for a generated sdpa case its label (``B1 Hq3/Hkv1 Lq3 Lk7 Dk1
+Dv1 mask=float causal scale=-1.0 ...``): mask kind, is_causal, mask with is_causal, the scale's sign, the head dim,
+Lq against Lk. A cause is a summary of the verdicts, never a verdict: every failure is still reported under its
+clause.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from itertools import combinations
+
+from .report import distinct
+
+SPECIFICITY = 0.8  # a condition is a cause if at least this share of the judged cases meeting it failed
+MESSAGE_WIDTH = 90  # characters of an exception message in a cause line
+_RAISED = re.compile(r"raised (?P<type>[A-Za-z_][\w.]*): (?P<message>.*?)(?: \(at [^)]*\))?(?:;|$)")
+_LABEL = re.compile(r"\bLq(?P<lq>\d+) Lk(?P<lk>\d+) Dk(?P<dk>\d+) Dv\d+ mask=(?P<mask>\S+)(?P<causal> causal)? "
+                    r"scale=(?P<scale>\S+)")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+WORDS = {  # factor -> how a cause line says it
+    ("mask+causal", "yes"): "mask and is_causal are both given",
+    ("is_causal", "yes"): "is_causal", ("is_causal", "no"): "not is_causal",
+    ("scale", "negative"): "scale < 0", ("scale", "zero"): "scale = 0", ("scale", "positive"): "scale > 0",
+    ("scale", "default"): "the default scale",
+    ("mask", "float"): "a float mask", ("mask", "bool"): "a boolean mask", ("mask", "none"): "no mask",
+    ("lengths", "Lq>Lk"): "Lq > Lk", ("lengths", "Lq<Lk"): "Lq < Lk", ("lengths", "Lq=Lk"): "Lq = Lk",
+}
+
+
+@dataclass(frozen=True)
+class Cause:
+    implementation: str
+    description: str  # what the failures share, in words
+    failures: int
+    clauses: tuple[str, ...]  # the clauses it explains, in order of first appearance
+
+    def line(self) -> str:
+        return (f"{self.implementation} cause: {self.description} ({self.failures} failure"
+                f"{'s' if self.failures != 1 else ''}; explains {', '.join(self.clauses)})")
+
+    def as_dict(self) -> dict:
+        return {"implementation": self.implementation, "cause": self.description, "failures": self.failures,
+                "clauses": list(self.clauses)}
+
+
+def factors(rec) -> frozenset:
+    """(name, value) pairs of the case a record judged."""
+    found = {("dtype", rec.dtype)}
+    label = _LABEL.search(rec.case or "")
+    if label:
+        causal = bool(label["causal"]) and "[no causal]" not in rec.case  # a derived case without is_causal
+        mask = label["mask"].split("-")[0]
+        if "on every score]" in rec.case:  # test_shift_invariance's derived case adds a constant float mask
+            mask = "float"
+        masked = mask != "none"
+        lq, lk = int(label["lq"]), int(label["lk"])
+        found |= {("is_causal", "yes" if causal else "no"), ("mask", mask),
+                  ("Dk", label["dk"]), ("lengths", "Lq>Lk" if lq > lk else "Lq<Lk" if lq < lk else "Lq=Lk")}
+        if masked and causal:
+            found.add(("mask+causal", "yes"))
+        scale = label["scale"]
+        if scale == "None":
+            found.add(("scale", "default"))
+        else:
+            try:
+                value = float(scale)
+            except ValueError:
+                value = None
+            if value is not None:
+                found.add(("scale", "negative" if value < 0 else "zero" if value == 0 else "positive"))
+    return frozenset(found)
+
+
+def raised(rec) -> str | None:
+    """'Type: message' of the exception a failure reports (numbers as <n>), or None."""
+    lines = (rec.message or "").splitlines()
+    problem = next((line for line in lines if line.strip().startswith("problem")), "")
+    found = _RAISED.search(problem)
+    if not found:
+        return None
+    message = _NUMBER.sub("<n>", found["message"].strip())
+    if len(message) > MESSAGE_WIDTH:
+        message = message[: MESSAGE_WIDTH - 3].rstrip() + "..."
+    return f"{found['type']} \"{message}\""
+
+
+def _words(condition) -> str:
+    parts = []
+    for name, value in sorted(condition):
+        parts.append(WORDS.get((name, value)) or f"{name} {value}")
+    return " and ".join(parts)
+
+
+def _clauses(failures) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(rec.clause for rec in failures))
+
+
+def _conditions(failures) -> set:
+    """Single factors and pairs of factors met by at least one of ``failures``."""
+    found = set()
+    for rec in failures:
+        fs = sorted(factors(rec))
+        found.update(frozenset([f]) for f in fs)
+        found.update(frozenset(pair) for pair in combinations(fs, 2))
+    return found
+
+
+def _meets(rec, condition) -> bool:
+    return condition <= factors(rec)
+
+
+def implementation_causes(name: str, failures: list, passes: list) -> list[Cause]:
+    causes = []
+    by_exception = defaultdict(list)
+    for rec in failures:
+        by_exception[raised(rec)].append(rec)
+    remaining = by_exception.pop(None, [])
+    for exception, group in sorted(by_exception.items(), key=lambda item: -len(item[1])):
+        # The condition met by the most of them and by no case that passed (the fewest factors on a tie).
+        ranked = sorted(((sum(_meets(rec, c) for rec in group), c) for c in _conditions(group)
+                         if not any(_meets(rec, c) for rec in passes)),
+                        key=lambda item: (-item[0], len(item[1]), sorted(item[1])))
+        text = f"raises {exception}"
+        if ranked and ranked[0][0] == len(group):
+            text += " whenever " + _words(ranked[0][1])
+        elif ranked and 2 * ranked[0][0] >= len(group):
+            text += f" when {_words(ranked[0][1])} ({ranked[0][0]} of {len(group)})"
+        causes.append(Cause(name, text, len(group), _clauses(group)))
+    while len(remaining) >= 2:
+        best = None
+        for condition in _conditions(remaining):
+            covered = [rec for rec in remaining if _meets(rec, condition)]
+            passed = sum(_meets(rec, condition) for rec in passes)
+            if len(covered) < 2 or len(covered) / (len(covered) + passed) < SPECIFICITY:
+                continue
+            key = (len(covered), -passed, -len(condition))
+            if best is None or key > best[0]:
+                best = (key, condition, covered)
+        if best is None:
+            break
+        _, condition, covered = best
+        causes.append(Cause(name, _words(condition), len(covered), _clauses(covered)))
+        remaining = [rec for rec in remaining if not _meets(rec, condition)]
+    return causes
+
+
+def root_causes(records) -> list[Cause]:
+    """The causes of every implementation's failures (distinct cases), implementations in name order."""
+    failures, passes = defaultdict(list), defaultdict(list)
+    for rec in distinct(records):
+        if rec.status == "failed":
+            failures[rec.implementation].append(rec)
+        elif rec.status == "passed":
+            passes[rec.implementation].append(rec)
+    causes = []
+    for name in sorted(failures):
+        causes.extend(implementation_causes(name, failures[name], passes[name]))
+    return causes

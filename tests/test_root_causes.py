@@ -1,0 +1,66 @@
+"""One root cause per message (conformance/root_causes.py): the factors failures share become one line each."""
+from __future__ import annotations
+
+from attention_conformance.conformance.report import CaseRecord
+from attention_conformance.conformance.root_causes import factors, raised, root_causes
+
+RAISES = ("  problem  the implementation raised RuntimeError: Explicit attn_mask should not be set when "
+          "is_causal=True (at /x/wrapper.py:12)")
+
+
+def record(status, label, clause="sdpa.definition", dtype="float32", message="", seed=[0]):
+    seed[0] += 1  # distinct cases: distinct labels
+    return CaseRecord(test=f"t[{clause}]", implementation="impl", clause=clause, op="sdpa", dtype=dtype,
+                      device="cpu", status=status, case=f"{label} scores~unit seed={seed[0]}", message=message)
+
+
+def label(mask="none", causal=False, scale="None", lq=3, lk=5, dk=8):
+    return f"B1 Hq2/Hkv1 Lq{lq} Lk{lk} Dk{dk} Dv{dk} mask={mask}{' causal' if causal else ''} scale={scale}"
+
+
+def test_failures_that_raise_the_same_exception_are_one_cause_with_the_condition_they_share():
+    failing = [record("failed", label("float", True), clause=c, message=RAISES)
+               for c in ("causal.top-left", "mask.broadcast", "mask.before-softmax", "causal.top-left")]
+    passing = [record("passed", label("float")), record("passed", label("bool", True)), record("passed", label())]
+    (cause,) = root_causes(failing + passing)
+    assert cause.failures == 4
+    assert cause.clauses == ("causal.top-left", "mask.broadcast", "mask.before-softmax")
+    assert cause.description == ('raises RuntimeError "Explicit attn_mask should not be set when is_causal=True" '
+                                 "whenever is_causal and a float mask")
+    assert cause.line().startswith("impl cause: raises RuntimeError")
+
+
+def test_value_failures_get_the_condition_met_by_most_of_them_and_by_no_passing_case():
+    failing = ([record("failed", label(causal=True, scale="-1.0"), clause="sdpa.finite") for _ in range(5)]
+               + [record("failed", label("bool-full", True, scale="-0.5"), clause="mask.fully-masked-row")])
+    passing = ([record("passed", label(causal=True, scale="0.5")) for _ in range(5)]
+               + [record("passed", label(scale="-1.0")) for _ in range(5)])
+    (cause,) = root_causes(failing + passing)
+    assert (cause.description, cause.failures) == ("is_causal and scale < 0", 6)
+    assert cause.clauses == ("sdpa.finite", "mask.fully-masked-row")
+
+
+def test_no_cause_is_named_where_cases_meeting_the_condition_mostly_pass():
+    # Failures spread over conditions that passing cases meet as often: nothing shared is a cause.
+    failing = [record("failed", label(lq=lq), dtype=dtype) for dtype, lq in (("float16", 3), ("float32", 9))]
+    passing = [record("passed", label(lq=lq), dtype=dtype)
+               for _ in range(3) for dtype in ("float16", "float32") for lq in (3, 9)]
+    assert root_causes(failing + passing) == []
+
+
+def test_factors_read_the_label_and_a_derived_case_without_is_causal():
+    found = factors(record("failed", label("float", True, scale="0.0", lq=7, lk=3)))
+    assert {("mask+causal", "yes"), ("scale", "zero"), ("lengths", "Lq>Lk"), ("Dk", "8"), ("mask", "float"),
+            ("dtype", "float32")} <= found
+    derived = record("failed", label("bool", True) + " [no causal]")
+    assert ("is_causal", "no") in factors(derived) and ("mask+causal", "yes") not in factors(derived)
+    shifted = record("failed", label(causal=True) + " [+-7.0 on every score]")  # the shift adds a float mask
+    assert {("mask", "float"), ("mask+causal", "yes")} <= factors(shifted)
+    assert factors(record("failed", "fixture-id")) == {("dtype", "float32")}
+
+
+def test_raised_reads_the_problem_line_with_numbers_as_placeholders():
+    rec = record("failed", label(), message="[x] header\n  problem  computing the gradients raised ValueError: "
+                 "head dim 12 not in (16, 32); the case passes without it")
+    assert raised(rec) == 'ValueError "head dim <n> not in (<n>, <n>)"'
+    assert raised(record("failed", label(), message="  problem  max error 3 > allowed 1")) is None
