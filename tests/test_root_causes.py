@@ -64,3 +64,30 @@ def test_raised_reads_the_problem_line_with_numbers_as_placeholders():
                  "head dim 12 not in (16, 32); the case passes without it")
     assert raised(rec) == 'ValueError "head dim <n> not in (<n>, <n>)"'
     assert raised(record("failed", label(), message="  problem  max error 3 > allowed 1")) is None
+
+
+def test_a_plain_torch_sdpa_wrapper_has_two_causes_that_explain_every_failure(tmp_path):
+    """README's example: a five-line wrapper of torch's sdpa, run as a user would. On torch 2.13 (CPU) it fails under
+    three clauses for two reasons: a float mask with is_causal raises, is_causal with a negative scale gives NaN."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    pytest.importorskip("torch")
+    root = Path(__file__).resolve().parents[1]
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "pytest", "conformance", "--impl", "examples.torch_sdpa_wrapper",
+                           "-p", "no:cacheprovider", "-q", "-n", "0", "--conformance-report", str(report)],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:]
+    data = json.loads(report.read_text())
+    failed = data["summary"]["examples_torch_sdpa_wrapper"]["failed"]
+    causes = data["causes"]
+    lines = [line for line in done.stdout.splitlines() if " cause: " in line]
+    assert len(causes) == len(lines) == 2, lines
+    assert sum(cause["failures"] for cause in causes) == failed
+    assert any("raises RuntimeError" in cause["cause"] and "is_causal" in cause["cause"] for cause in causes)
+    assert any(cause["cause"] == "is_causal and scale < 0" for cause in causes)
