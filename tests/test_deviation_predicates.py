@@ -16,6 +16,7 @@ from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.conformance.specdata import clauses
 from attention_conformance.implementations import deviations, load_implementation
 
+from .attention_parts import attention_parts
 from .battery import run_battery
 
 pytestmark = pytest.mark.selfcheck
@@ -24,28 +25,9 @@ LARGE_NEGATIVE = -0.7 * np.finfo(np.float64).max  # JAX's and Keras' fill
 
 
 # ------------------------------------------------------------------ stand-ins
-def _parts(q, k, v, mask, is_causal, scale, window=None, query_offset=0, key_lengths=None, causal_shift=0):
+def _parts(*args, **kwargs):
     """float64 scores (scaled, float mask added), the keys the boolean removals keep, v per query head."""
-    q, k, v = (np.asarray(a).astype(np.float64) for a in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    lq, lk = q.shape[2], k.shape[2]
-    s = q @ np.swapaxes(k, -1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
-    keep = np.ones(s.shape, dtype=bool)
-    if mask is not None and np.asarray(mask).dtype == np.bool_:
-        keep &= np.asarray(mask)
-    elif mask is not None:
-        s = s + np.asarray(mask).astype(np.float64)
-    position, key = query_offset + np.arange(lq)[:, None], np.arange(lk)[None, :]
-    if is_causal:
-        keep &= key <= position + causal_shift
-    if window is not None:
-        left, right = window
-        keep &= (key >= position - left) if left is not None else True
-        keep &= (key <= position + right) if right is not None else True
-    if key_lengths is not None:
-        keep &= key[None, None] < np.asarray(key_lengths).reshape(-1, 1, 1, 1)
-    return s, keep, v
+    return attention_parts(*args, **kwargs)[:3]
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

@@ -7,7 +7,6 @@ does and fails mask.fully-masked-row when it does not; the older forms keep thei
 """
 from __future__ import annotations
 
-import math
 import types
 
 import numpy as np
@@ -20,6 +19,7 @@ from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.implementations import ImplementationLoadError, load_implementation
 from attention_conformance.implementations._registry import from_object
 
+from .attention_parts import attention_parts as _attention_parts
 from .battery import run_battery
 
 pytestmark = pytest.mark.selfcheck
@@ -27,32 +27,6 @@ SPEC = "tests.test_fully_masked_rows"
 
 
 # ------------------------------------------------------------------ stand-ins
-def _attention_parts(q, k, v, mask, is_causal, scale, window=None, query_offset=0, key_lengths=None):
-    """Scores with the float mask added, the keys each query keeps, and v per query head: float64."""
-    q, k, v = (np.asarray(a).astype(np.float64) for a in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    lq, lk = q.shape[2], k.shape[2]
-    s = q @ np.swapaxes(k, -1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
-    keep = np.ones(s.shape, dtype=bool)
-    if mask is not None and np.asarray(mask).dtype == np.bool_:
-        keep &= np.asarray(mask)
-    elif mask is not None:
-        s = s + np.asarray(mask).astype(np.float64)
-    position, key = query_offset + np.arange(lq)[:, None], np.arange(lk)[None, :]
-    if is_causal:
-        keep &= key <= position
-    window_keep = np.ones((lq, lk), dtype=bool)
-    if window is not None:
-        left, right = window
-        window_keep &= (key >= position - left) if left is not None else True
-        window_keep &= (key <= position + right) if right is not None else True
-        keep &= window_keep
-    if key_lengths is not None:
-        keep &= key[None, None] < np.asarray(key_lengths).reshape(-1, 1, 1, 1)
-    return s, keep, v, ~window_keep.any(axis=-1)
-
-
 def _plain_softmax(s: np.ndarray) -> np.ndarray:
     """exp(s - max) / sum: an all -inf row is NaN (0/0), as torch.softmax gives."""
     with np.errstate(invalid="ignore"):
