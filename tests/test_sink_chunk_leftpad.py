@@ -4,10 +4,6 @@ with a sink whatever FULLY_MASKED_ROWS says, the sink's tolerance term only adds
 under its clause with a repro that shows it."""
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -18,9 +14,10 @@ from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.implementations import load_implementation
 from zoo import correct_sink_chunk_leftpad_reference as reference
 
+from .test_variant_judging import filed_under_and_reproduced
+
 # kept_records: these judges record cases that the session's own summary and report must not count.
 pytestmark = [pytest.mark.selfcheck, pytest.mark.usefixtures("kept_records")]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def case_with(clause: str = "sdpa.learnable-sink", **extra) -> Case:
@@ -122,13 +119,4 @@ def test_the_sink_term_only_adds_and_rows_without_keys_are_exact(dtype):
     ("broken_sink_tokens_past_right_edge", {"window": (0, 0), "sink_token_length": 3}, "sdpa.sink-tokens"),
 ])
 def test_a_bug_is_filed_under_its_clause_and_the_repro_shows_it(member, options, clause):
-    case = case_with(clause, **options)
-    judge = Judge(load_implementation(f"zoo.{member}"), "float32", "cpu")
-    with pytest.raises(ConformanceFailure) as raised:
-        judge.check(case)
-    assert raised.value.clause == clause
-    snippet = judge._snippet(case, case.rounded("float32"))
-    result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert result.returncode == 0, result.stderr
-    error = float(result.stdout.split("max abs error")[1].split()[0])
-    assert error > 1e-3, result.stdout
+    filed_under_and_reproduced(member, case_with(clause, **options), clause)

@@ -116,7 +116,11 @@ def test_default_keywords_are_not_passed():
 ])
 def test_a_variant_bug_is_filed_under_its_clause_and_the_repro_shows_it(member, options, clause):
     case = varlen_case(**options)
-    case = Case("sdpa", case.inputs, (clause,), case.label)
+    filed_under_and_reproduced(member, Case("sdpa", case.inputs, (clause,), case.label), clause)
+
+
+def filed_under_and_reproduced(member: str, case: Case, clause: str) -> None:
+    """The zoo member fails ``case`` under ``clause``, and the failure's repro, run alone, shows the error."""
     judge = Judge(load_implementation(f"zoo.{member}"), "float32", "cpu")
     with pytest.raises(ConformanceFailure) as raised:
         judge.check(case)
