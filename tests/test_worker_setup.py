@@ -166,10 +166,11 @@ def test_a_test_that_does_not_apply_is_skipped_at_collection_not_expected_judged
 
     impl, config = torch_like_on_cpu_only(monkeypatch, ("float32",))
     (marker,) = [m for m in test_sdpa_gradients.pytestmark if m.name == "applies_to"]
-    assert marker.args == (_without_autodiff,)
-    assert _without_autodiff(impl) is None
+    (applies,) = marker.args  # property_test's applicability: requires=_without_autodiff, then derived cases
+    assert applies(impl) is None is _without_autodiff(impl)
     monkeypatch.setattr(impl, "gradients", False)
-    params = {p.id: p for p in plugin.implementation_params(config, "sdpa", _without_autodiff)}
+    assert applies(impl) == _without_autodiff(impl)
+    params = {p.id: p for p in plugin.implementation_params(config, "sdpa", applies)}
     (mark,) = params["torch_like-cpu"].marks
     assert mark.kwargs["reason"] == "torch_like declares GRADIENTS = False (a forward-only sdpa)"
     assert params["torch_like-cpu"].values == (impl, "cpu", None)
