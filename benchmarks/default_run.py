@@ -39,7 +39,8 @@ OUTCOME = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 def one_run(cold: bool, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="hypothesis-") as storage, \
             tempfile.TemporaryDirectory(prefix="jax-cache-") as jax_cache:
-        command = COMMAND + (["--jax-compilation-cache", jax_cache] if cold else []) + extra
+        # One token: pytest reads the value of "--opt VALUE" as a path when it decides the rootdir and -n early.
+        command = COMMAND + ([f"--jax-compilation-cache={jax_cache}"] if cold else []) + extra
         env = dict(os.environ, HYPOTHESIS_STORAGE_DIRECTORY=storage)
         env.pop("JAX_COMPILATION_CACHE_DIR", None)  # it would win over the option
         start = time.perf_counter()
