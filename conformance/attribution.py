@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from attention_conformance.implementations._arrays import dtype_name
-from attention_conformance.implementations._registry import LAYOUT_SHAPES, LAYOUTS
+from attention_conformance.implementations._registry import LAYOUT_SHAPES, LAYOUTS, VARIANT_DEFAULTS
 
 from . import oracle
 from .cases import Case
@@ -170,7 +170,7 @@ class Attribution:
         if changes is None and own in VARIANT_CLAUSE_KEYWORDS:
             names = [n for n in VARIANT_CLAUSE_KEYWORDS[own] if n in inputs]
             if names:
-                changes = {n: oracle.VARIANT_DEFAULTS[n] for n in names}
+                changes = {n: VARIANT_DEFAULTS[n] for n in names}
         if changes is None:
             return None
         return Case(case.op, {**inputs, **changes}, case.clauses, f"{case.label} [own probe]", case.mask_kind,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attention_conformance.implementations._registry import FULLY_MASKED_CAUSES
+from attention_conformance.implementations._registry import FULLY_MASKED_CAUSES, mask_cause
 
 from . import oracle, tolerances
 from .cases import Case, widen
@@ -28,7 +28,7 @@ def fully_masked_causes(empty: np.ndarray, lq: int, lk: int, mask=None, is_causa
     ``empty`` is the (B, Hq, Lq) fully masked rows; the other arguments are the case's (widened) inputs.
     """
     full = empty.shape + (lk,)
-    case_kind = "float" if mask is not None and np.asarray(mask).dtype != np.bool_ else "bool"
+    case_kind = mask_cause(mask)
     causes = np.full(empty.shape, "", dtype=f"<U{max(len(c) for c in FULLY_MASKED_CAUSES)}")
     if not empty.any():
         return causes

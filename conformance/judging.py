@@ -20,6 +20,7 @@ import pytest
 
 from attention_conformance.implementations import Implementation
 from attention_conformance.implementations._region import shape_facts
+from attention_conformance.implementations._registry import mask_cause
 
 from . import oracle
 from .attribution import Attribution
@@ -119,21 +120,13 @@ class Judge(Containment, Attribution):
 
     def facts(self, case: Case, inputs: dict) -> dict:
         """What a declared deviation's ``when`` may look at."""
-        mask = inputs.get("mask")
-        a = widen(inputs)
-        facts = {
-            "op": case.op, "dtype": self.dtype, "device": self.device, "scale": inputs.get("scale"),
-            "is_causal": bool(inputs.get("is_causal", False)),
-            "mask_kind": "none" if mask is None else ("bool" if mask.dtype == np.bool_ else "float"),
-            "fully_masked": False,
-        }
-        facts.update({key: value for key, value in shape_facts(case.op, inputs).items() if key not in facts})
+        # The region's facts (shapes, mask kind, is_causal; sdpa's variant keywords) and what only a judge knows.
+        facts = {"dtype": self.dtype, "device": self.device, "scale": inputs.get("scale"), "fully_masked": False,
+                 **shape_facts(case.op, inputs)}
         if case.op == "sdpa":
             facts["fully_masked"] = bool(self._fully_masked_rows(case, inputs).any())
-            # The variant keywords the case uses (README "The contract"), for a deviation's ``when``.
-            facts["variants"] = tuple(sorted(oracle.variant_options(inputs)))
         elif case.op == "multi_head_attention":
-            bias = oracle.attention_bias(a.get("mask"), facts["is_causal"], facts["Lq"], facts["Lk"])
+            bias = oracle.attention_bias(widen(inputs).get("mask"), facts["is_causal"], facts["Lq"], facts["Lk"])
             facts["fully_masked"] = bool(np.isneginf(bias).all(axis=-1).any())
         # What emptied those rows (FULLY_MASKED_CAUSES; expected.fully_masked_causes), sorted: () without one.
         causes = set(self.row_causes(case, inputs).ravel()) - {""} if facts["fully_masked"] else set()
@@ -162,7 +155,7 @@ class Judge(Containment, Attribution):
 
     def _declared_policy(self, case: Case, inputs: dict):
         mask = inputs.get("mask")
-        case_kind = "float" if mask is not None and mask.dtype != np.bool_ else "bool"
+        case_kind = mask_cause(mask)
         causes = self.row_causes(case, inputs)
         found = sorted(str(c) for c in set(causes.ravel()) - {""})
         if not found:
@@ -258,16 +251,17 @@ class Judge(Containment, Attribution):
         """
         __tracebackhide__ = True
         facts = None if stop else self.facts(case, inputs)
+        reason = None if stop else self.impl.declared_deviation(clause, facts)
         # A deviation declared for the clause covers the failure whatever the attribution finds (the clause becomes
         # drawn_for): its probes, several calls and oracles a case, are spared.
         if attribute and not stop and record is None and clause not in OWN_CHECK_CLAUSES \
-                and not clause.startswith("contract.") and not self.impl.declared_deviation(clause, facts):
+                and not clause.startswith("contract.") and not reason:
             surfaced = self.fault_behind(clause, case, inputs)
             if surfaced:
                 problem += (f"; the case's values are off and the same case passes {surfaced[1]}: the fault is "
                             f"{surfaced[0]}'s, surfaced in a check of {clause}")
                 drawn_for, clause = clause, surfaced[0]
-        reason = None if stop else self.impl.declared_deviation(clause, facts)
+                reason = self.impl.declared_deviation(clause, facts)
         if not reason and drawn_for and drawn_for != clause and not stop:
             reason = self.impl.declared_deviation(drawn_for, facts)
         if reason:

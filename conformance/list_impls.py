@@ -42,9 +42,8 @@ def describe_lines(impl: Implementation) -> list[str]:
     lines += [f"    {line}" for op in OPERATIONS if impl.implements(op) for line in keyword_lines(impl, op)]
     declared = "any of " + ", ".join(ARRAY_KINDS[impl.array].DEVICES) if impl.declared_devices is None \
         else ", ".join(impl.declared_devices)
-    layout = getattr(impl, "layout", None) or getattr(impl.obj, "LAYOUT", "bhld")
     matmul = ", ".join(f"{dev}: {mode}" for dev, mode in d["float32_matmul"].items())
-    lines.append(f"    DEVICES={declared} LAYOUT={layout} COMPILED={impl.compiled} GRADIENTS={impl.gradients} "
+    lines.append(f"    DEVICES={declared} LAYOUT={impl.layout} COMPILED={impl.compiled} GRADIENTS={impl.gradients} "
                  f"FLOAT32_MATMUL={matmul}")
     clauses = sorted({clause for dev in d["known_deviations"] for clause in dev["clause"].split(", ")})
     lines.append(f"    known deviations: {len(d['known_deviations'])}"

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from attention_conformance.implementations._registry import VARIANT_DEFAULTS  # the contract's variant keywords
+from attention_conformance.implementations._region import variant_options  # noqa: F401 -- the oracle's options
 
 
 def _f64(x) -> np.ndarray:
@@ -112,12 +112,6 @@ def attention_bias(mask, is_causal: bool, lq: int, lk: int, *, window=None, quer
             allowed = allowed[0, 0]  # the plain causal band keeps its (lq, lk) shape
         bias = np.where(allowed, bias, -np.inf)
     return bias
-
-
-def variant_options(inputs: dict) -> dict:
-    """The variant keywords a case's inputs use (the non-default ones), by name."""
-    return {name: inputs[name] for name, default in VARIANT_DEFAULTS.items()
-            if name in inputs and inputs[name] is not None and not (default is not None and inputs[name] == default)}
 
 
 def judged_rows(q, query_lengths=None) -> np.ndarray:

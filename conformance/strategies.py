@@ -19,7 +19,8 @@ from attention_conformance.implementations._region import EVERYTHING, Region, ca
 
 from . import oracle
 from .cases import Case
-from .covering import COVERING_SCORE_BUDGET, OneOfStrategy, _unwrap, admits, hint, hinted, strategy_values
+from .covering import (COVERING_SCORE_BUDGET, CannotBuild, DeterministicDraw, OneOfStrategy, _unwrap, admits, hint,
+                       hinted, strategy_values)
 
 MAX_BATCH = 2
 MAX_KV_HEADS = 2
@@ -134,8 +135,7 @@ def _keep_inside(draw, facts: dict) -> None:
         reason = outside and f"derived case leaves the region: {derived.what}: {outside}"
     if not reason:
         return
-    from .checks import LAST_UNSUPPORTED
-    from .covering import CannotBuild, DeterministicDraw
+    from .checks import LAST_UNSUPPORTED  # checks imports this module
 
     drawing.refused[reason] += 1
     LAST_UNSUPPORTED[0] = reason if reason.startswith("derived") else f"outside the declared region: {reason}"
@@ -566,12 +566,13 @@ def _lengths(limit: int):
 @st.composite
 def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), mask_kinds=("none",),
                   causal=st.booleans(), gqa: bool = True, scale=st.none(), same_lengths: bool = False,
-                  **base) -> Case:
+                  outermost: bool = True, **base) -> Case:
     """An sdpa case using the variant keywords named in ``variants`` (each always used) on a case of sdpa_cases.
 
     ``variants``: names of VARIANTS; "lengths" draws key_lengths and, half the time, query_lengths (where the
     implementation runs them: its declared variants and its signature).
-    ``base``: further keywords of sdpa_cases.
+    ``base``: further keywords of sdpa_cases. ``outermost``: False where another strategy adds keywords to the
+    case (sink_chunk_leftpad_cases), which then asks the region.
     """
     case = draw(sdpa_cases(mask_kinds=mask_kinds, causal=causal, gqa=gqa, scale=scale, same_lengths=same_lengths,
                            clauses=clauses, allow_empty_rows=True, outermost=False, **base), label="base case")
@@ -611,7 +612,8 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
             inputs["query_lengths"] = np.array([draw(_lengths(lq), label="query length") for _ in range(b)],
                                                dtype=np.int32)
             words.append(f"query_lengths={inputs['query_lengths'].tolist()}")
-    _keep_inside(draw, shape_facts("sdpa", inputs))
+    if outermost:
+        _keep_inside(draw, shape_facts("sdpa", inputs))
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)
 
 
@@ -674,8 +676,8 @@ def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), claus
     of variant_cases with the older variant keywords ``variants`` (VARIANTS). With sink_token_length, a window
     whose left edge is unbounded gets a bounded one (the sink tokens' only effect). ``base``: further keywords of
     variant_cases / sdpa_cases."""
-    case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal, **base),
-                label="variant case")
+    case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal,
+                              outermost=False, **base), label="variant case")
     inputs = dict(case.inputs)
     q, k = inputs["q"], inputs["k"]
     b, hq, lq, _ = q.shape
@@ -703,4 +705,5 @@ def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), claus
                                **oracle.variant_options(inputs))
         inputs["learnable_sink"] = _sink_logits(form, rng, np.broadcast_to(scores, (b, hq, lq, lk)))
         words.append(f"sink={form}")
+    _keep_inside(draw, shape_facts("sdpa", inputs))  # with this case's own keywords among its variants
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)

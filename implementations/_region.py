@@ -66,16 +66,13 @@ def variant_keywords() -> tuple[str, ...]:
     return tuple(VARIANT_DEFAULTS)
 
 
-def variants_used(inputs: dict) -> tuple[str, ...]:
-    """The variant keywords a case's inputs pass (a non-default value), sorted: facts["variants"]."""
-    from ._registry import VARIANT_DEFAULTS  # noqa: PLC0415
+def variant_options(inputs: dict) -> dict:
+    """The variant keywords a case's inputs use (a non-default value), by name: the oracle's options and, sorted,
+    facts["variants"]."""
+    from ._registry import VARIANT_DEFAULTS  # noqa: PLC0415 -- _registry imports this module
 
-    used = []
-    for name, default in VARIANT_DEFAULTS.items():
-        value = inputs.get(name, default)
-        if value is not None and not (default is not None and _equal(value, default)):
-            used.append(name)
-    return tuple(sorted(used))
+    return {name: inputs[name] for name, default in VARIANT_DEFAULTS.items()
+            if inputs.get(name) is not None and not (default is not None and _equal(inputs[name], default))}
 
 
 def _equal(value, default) -> bool:
@@ -310,7 +307,7 @@ def shape_facts(op: str, inputs: dict) -> dict:
     facts["is_causal"] = bool(inputs.get("is_causal", False))
     if op == "sdpa":
         facts["scale"] = inputs.get("scale")
-        facts["variants"] = variants_used(inputs)
+        facts["variants"] = tuple(sorted(variant_options(inputs)))
     if op == "sdpa" and "q" in inputs:
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         facts.update(B=q.shape[0], Hq=q.shape[1], Hkv=k.shape[1], Lq=q.shape[-2], Lk=k.shape[-2],

@@ -40,6 +40,12 @@ OPTIONAL_KEYWORDS = {
 }
 
 
+def mask_cause(mask) -> str:
+    """The cause a case's mask stands for (FULLY_MASKED_CAUSES): "float" for a float mask, "bool" otherwise, no mask
+    included (the older {"bool": ..., "float": ...} form's key for the case)."""
+    return "float" if mask is not None and np.asarray(mask).dtype != np.bool_ else "bool"
+
+
 def missing_keywords_message(impl_name: str, op: str, keywords) -> str:
     """How every part of the suite says an operation's signature lacks keywords (conformance/summary.py groups
     skipped items by this wording)."""
@@ -149,7 +155,7 @@ class Implementation:
 
         The judge asks ``row_policy`` for each row's own cause; this is the policy of the case's mask kind.
         """
-        kind = "float" if mask is not None and np.asarray(mask).dtype != np.bool_ else "bool"
+        kind = mask_cause(mask)
         return self.row_policy(kind, kind, dtype, facts or {"dtype": dtype, "mask_kind": kind})
 
     def row_policy(self, cause: str, case_kind: str, dtype: str, facts: dict) -> str:
