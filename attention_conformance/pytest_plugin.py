@@ -240,6 +240,18 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that failed with verdicts: their repro files are saved and each is printed as a short block
+    (conformance/failure_block.py), in the process that ran it."""
+    report = yield
+    if call.excinfo is not None and engaged(item.config):
+        from attention_conformance.conformance import failure_block
+
+        failure_block.after_test(item, call, report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtestloop(session):
     """When the tests end (or are interrupted), SIGTERM no longer interrupts: the summary and report are written."""
     try:
