@@ -25,6 +25,7 @@ from .containment import HungEarlier
 from .report import ConformanceFailure
 
 WIDTH = 120  # characters of a block line after pytest's "E   "
+HEAD_WIDTH = 132  # the first line, "[clause] case label": most labels fit whole (a gradient case's names two seeds)
 LABEL_LINES = 2  # a longer case label (a derived case listing a permutation, say) is cut; its repro holds it all
 
 
@@ -84,11 +85,11 @@ def after_test(item, call, report) -> None:
 def block(failure, unsaved: str | None = None) -> list[str]:
     """The lines of one verdict (module docstring)."""
     evidence = failure.evidence
-    head = textwrap.wrap(f"[{failure.clause}] {evidence.case.label}", WIDTH, subsequent_indent="    ",
+    head = textwrap.wrap(f"[{failure.clause}] {evidence.case.label}", HEAD_WIDTH, subsequent_indent="    ",
                          break_on_hyphens=False)
     if len(head) > LABEL_LINES:
         head = head[:LABEL_LINES]
-        head[-1] = head[-1][: WIDTH - 4] + " ..."
+        head[-1] = head[-1][: HEAD_WIDTH - 4] + " ..."
     detail = evidence.problem + (f"; {_worst_words(evidence.worst)}" if evidence.worst else "")
     lines = head + textwrap.wrap(detail, WIDTH, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
     if unsaved:
