@@ -100,6 +100,8 @@ def test_a_broken_members_repro_reproduces_it_and_passes_once_fixed(tmp_path):
     assert done.returncode == 1 and "[sdpa.scale-explicit]" in done.stdout, done.stdout[-3000:]
     command = REPRO_LINE.search(done.stdout).group(2)
     assert command.endswith(".npz") and "run-repro" in command  # beside the report, so named by its path
+    report = json.loads((tmp_path / "out" / "run.json").read_text())  # the worker's record reached the controller
+    assert Path(command).stem in {case.get("repro") for case in report["cases"] if case["status"] == "failed"}
 
     again = repro_command(command, env=env)
     assert again.returncode == 1, again.stdout + again.stderr
