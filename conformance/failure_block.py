@@ -24,6 +24,11 @@ from . import repro
 from .containment import HungEarlier
 from .report import ConformanceFailure
 
+try:
+    _GROUP = BaseExceptionGroup
+except NameError:  # Python 3.10: Hypothesis raises the backport's
+    from exceptiongroup import BaseExceptionGroup as _GROUP
+
 WIDTH = 120  # characters of a block line after pytest's "E   "
 HEAD_WIDTH = 132  # the first line, "[clause] case label": most labels fit whole (a gradient case's names two seeds)
 LABEL_LINES = 2  # a longer case label (a derived case listing a permutation, say) is cut; its repro holds it all
@@ -37,7 +42,7 @@ def verdicts(error: BaseException) -> list[BaseException] | None:
         return verdicts(error.__cause__) if error.__cause__ is not None else None
     if isinstance(error, (ConformanceFailure, HungEarlier)):
         return [error] if getattr(error, "evidence", None) is not None else None
-    if isinstance(error, BaseExceptionGroup):
+    if isinstance(error, _GROUP):
         found = []
         for part in error.exceptions:
             inner = verdicts(part)

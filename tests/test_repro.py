@@ -289,3 +289,42 @@ def test_a_bare_id_is_found_in_pytests_cache_here_or_above(tmp_path):
         repro.find("not-an-id", tmp_path)
     missing = repro_command("abcdefabcd", cwd=tmp_path)
     assert missing.returncode == 2 and "no repro abcdefabcd" in missing.stderr
+
+
+# ------------------------------------------------------------------ the block itself
+def test_several_verdicts_of_one_test_each_get_a_block_and_a_file(tmp_path, monkeypatch):
+    """Hypothesis's group of distinct failures, and a failure whose shrinking ran out of time."""
+    from types import SimpleNamespace
+
+    from attention_conformance.conformance import failure_block
+    from attention_conformance.conformance.properties import ShrinkingStopped
+
+    monkeypatch.setitem(repro._STATE, "directory", tmp_path)
+    failures = []
+    for spec, clauses, options in (("zoo.broken_scale_ignored", ("sdpa.scale-explicit",), {"scale": 2.0}),
+                                   ("zoo.broken_sdpa_no_scale", ("sdpa.scale-default",), {})):
+        with pytest.raises(ConformanceFailure) as raised:
+            checks.Judge(load_implementation(spec), "float64", "cpu").check(sdpa_case(clauses, **options))
+        failures.append(raised.value)
+    item = SimpleNamespace(config=SimpleNamespace(option=SimpleNamespace(tbstyle="auto")),
+                           location=("conformance/test_properties.py", 41, "test_x"))
+    for error, count in ((failure_block._GROUP("Hypothesis found 2 distinct failures.", failures), 2),
+                         (ShrinkingStopped(failures[0], 16.0), 1)):
+        if isinstance(error, ShrinkingStopped):
+            error.__cause__ = failures[0]
+        report = SimpleNamespace(failed=True, longrepr="pytest's traceback")
+        failure_block.after_test(item, SimpleNamespace(excinfo=SimpleNamespace(value=error)), report)
+        text = str(report.longrepr)
+        assert text.count("E     repro: attention-conformance repro ") == count, text
+        assert all(f"[{failure.clause}]" in text for failure in failures[:count])
+        assert len(text.splitlines()) <= BLOCK_LINES * count
+        assert report.longrepr.reprcrash.message.startswith(f"[{failures[0].clause}] ")  # the short summary's line
+    assert ("Hypothesis shrank this failure" in text and
+            sorted(p.stem for p in tmp_path.glob("*.npz")) == sorted(f.evidence.id for f in failures))
+    assert all(failure.record.repro_id == failure.evidence.id for failure in failures)
+    # --tb=long and other styles keep pytest's traceback; an error of the suite itself keeps it too
+    for tbstyle, error in (("long", failures[0]), ("auto", KeyError("a bug of the suite"))):
+        report = SimpleNamespace(failed=True, longrepr="pytest's traceback")
+        item.config.option.tbstyle = tbstyle
+        failure_block.after_test(item, SimpleNamespace(excinfo=SimpleNamespace(value=error)), report)
+        assert report.longrepr == "pytest's traceback"
