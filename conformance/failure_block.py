@@ -67,7 +67,7 @@ def after_test(item, call, report) -> None:
         evidence = failure.evidence
         try:
             repro.save(evidence)
-        except (OSError, repro.ReproError) as exc:
+        except Exception as exc:  # noqa: BLE001 -- a repro that cannot be written must not end the run
             unsaved[evidence.id] = f"{type(exc).__name__}: {exc}"
             continue
         if failure.record is not None:

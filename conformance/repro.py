@@ -218,8 +218,9 @@ def find(reference: str, base: Path | None = None) -> Path:
 
 
 # ------------------------------------------------------------------ writing
-class _Unsaved(Exception):
-    """A value the format cannot hold (a Hypothesis data object, say): the call is not saved."""
+class _Unsaved(ReproError):
+    """A value the format cannot hold (a Hypothesis data object, say): the call is not saved (the case, not at
+    all)."""
 
 
 def _option(value):
@@ -268,6 +269,8 @@ def _case_entry(case, prefix: str, arrays: dict) -> dict:
         if isinstance(value, dict) or isinstance(value, np.ndarray):
             for key, item in parts:
                 full = name if key is None else f"{name}.{key}"
+                if not isinstance(item, np.ndarray):
+                    raise _Unsaved(f"input {full} is a {type(item).__name__}, not an array")
                 arrays[f"{prefix}/{full}"], dtype = _storable(item)
                 names.append(full)
                 if dtype:
