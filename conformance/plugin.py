@@ -402,6 +402,7 @@ def finish(pytest_session) -> None:
 
 def unconfigure() -> None:
     session.restore_signal_handlers()
+    repro.forget()
     # pytest's unraisable-exception cleanup, which runs after this hook, collects garbage five times over; with
     # torch, JAX and a run's Hypothesis data alive each full collection takes 0.6 s (3 s at the end of every
     # worker, measured). One collection here still surfaces whatever cyclic garbage raises when freed; freezing

@@ -162,6 +162,11 @@ def directory() -> Path | None:
     return _STATE["directory"]
 
 
+def forget() -> None:
+    """At the end of a run: the next run in this process (pytest.main) decides its directory again."""
+    _STATE.update(directory=None, invocation=None, config=None)
+
+
 def node_input(node) -> None:
     """pytest-xdist, on the controller: a worker saves its repros where the controller would."""
     where = directory()
