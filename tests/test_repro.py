@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -76,6 +77,7 @@ def test_the_torch_sdpa_wrapper_prints_short_blocks_and_names_its_two_causes(tmp
     assert "is_causal and scale < 0" in causes[1]
     # Every block's repro was saved beside the report, and the report names it.
     report = json.loads((tmp_path / "run.json").read_text())
+    jsonschema.validate(report, json.loads((ROOT / "docs" / "report-schema.json").read_text()))
     saved = {case["repro"] for case in report["cases"] if case.get("repro")}
     printed = {Path(REPRO_LINE.search(block[-1]).group(2)).stem for block in blocks}
     assert printed == saved and report["repro_directory"] == "run-repro"
