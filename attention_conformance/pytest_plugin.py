@@ -335,6 +335,15 @@ def pytest_configure_node(node):
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_testnodeready(node):
+    """pytest-xdist: a failure block names its test and its verdict; the worker's platform and interpreter line
+    above each ("[gw0] linux -- Python 3.11.7 /path/python", from pytest's report, which caches it on the node)
+    is one line of every block that says nothing about the implementation: left out under the suite."""
+    if engaged(node.config):
+        node._workerinfocache = ""
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
     """pytest-xdist: a worker finished; merge its conformance records into the controller's."""
     if engaged(node.config):

@@ -256,13 +256,14 @@ class Judge(Containment, Attribution):
         return want, np.broadcast_to(self.allowed(case, inputs, policy), want.shape)
 
     def fail(self, clause: str, case: Case, inputs: dict, problem: str, worst: str = "", record=None,
-             stop: bool = False, drawn_for: str | None = None, attribute: bool = True):
+             stop: bool = False, drawn_for: str | None = None, attribute: bool = True, raised: bool = False):
         """Raise the verdict (ConformanceFailure; HungEarlier with ``stop``), unless it is a declared deviation.
 
         ``attribute``: a property's own check (a metamorphic relation, say) that fails on a case whose
         values are off only because of a feature the test is not about is filed under that feature's
         clause (surfaced_fault). ``drawn_for``: the clause the case was drawn for, when the failure is
-        filed under another; a deviation declared for either covers it.
+        filed under another; a deviation declared for either covers it. ``raised``: the call raised (the problem
+        says what), so a probe that passes shows the case runs without the feature, not that values were off.
         """
         __tracebackhide__ = True
         facts = None if stop else self.facts(case, inputs)
@@ -273,8 +274,9 @@ class Judge(Containment, Attribution):
                 and not clause.startswith("contract.") and not reason:
             surfaced = self.fault_behind(clause, case, inputs)
             if surfaced:
-                problem += (f"; the case's values are off and the same case passes {surfaced[1]}: the fault is "
-                            f"{surfaced[0]}'s, surfaced in a check of {clause}")
+                finding = "the same case runs and passes" if raised else \
+                    "the case's values are off and the same case passes"
+                problem += f"; {finding} {surfaced[1]}: the fault is {surfaced[0]}'s, surfaced in a check of {clause}"
                 drawn_for, clause = clause, surfaced[0]
                 reason = self.impl.declared_deviation(clause, facts)
         if not reason and drawn_for and drawn_for != clause and not stop:

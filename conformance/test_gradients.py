@@ -127,7 +127,7 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
         raised = f"sdpa is not differentiable with {impl.array} autodiff: {exc}"
     except Exception as exc:  # contained: this case fails, the session goes on
         raised = f"computing the gradients raised {type(exc).__name__}: {exc}"
-    judge.fail(case.clauses[0], case, inputs, raised)
+    judge.fail(case.clauses[0], case, inputs, raised, raised=True)
 
 
 def _expected(inputs: dict, judge: Judge):
