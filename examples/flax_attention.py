@@ -30,6 +30,7 @@ def _attend(q, k, v, mask, is_causal):
     additive = mask is not None and mask.dtype != jnp.bool_
     keep = None if mask is None or additive else mask
     if is_causal:
-        band = nn.make_attention_mask(jnp.arange(q.shape[1]), jnp.arange(k.shape[1]), jnp.greater_equal, dtype=jnp.bool_)
+        band = nn.make_attention_mask(jnp.arange(q.shape[1]), jnp.arange(k.shape[1]), jnp.greater_equal,
+                                      dtype=jnp.bool_)
         keep = band if keep is None else keep & band
     return nn.dot_product_attention(q, k, v, bias=mask if additive else None, mask=keep, deterministic=True)

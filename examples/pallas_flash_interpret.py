@@ -1,9 +1,9 @@
 """JAX Pallas's GPU flash attention kernel (``jax.experimental.pallas.ops.gpu.attention.mha``) run on the CPU in
 interpret mode: the kernel's own blocked online-softmax code, without a GPU.
 
-Measured (README, "Real libraries"): with is_causal and Lq > Lk every row of a query block past Lk is NaN: the causal
-loop's bound, ceil((i + 1) * block_q / block_k) key blocks, is not clamped to Lk, so it reads key blocks past the end
-(interpret mode fills them with NaN; a GPU reads whatever lies there). A bug, left failing.
+Measured (README, "Real libraries"): with is_causal and Lq > Lk, every row of a query block that reaches past Lk is
+NaN: the causal loop's bound, ceil((i + 1) * block_q / block_k) key blocks, is not clamped to Lk's blocks, so the
+kernel reads key blocks past the end of k (NaN here; on a GPU not measured). A bug, left failing.
 """
 import functools
 
@@ -22,7 +22,9 @@ def supports(facts):
     if max(facts["Lq"], facts["Lk"]) > 128 and (facts["Lq"] % 128 or facts["Lk"] % 128):
         return "lengths past 128 must be multiples of mha's block (128)"
 
-_mha = jax.jit(functools.partial(attention.mha, segment_ids=None, interpret=True), static_argnames=("sm_scale", "causal"))
+
+_mha = jax.jit(functools.partial(attention.mha, segment_ids=None, interpret=True),
+               static_argnames=("sm_scale", "causal"))
 
 
 def sdpa(q, k, v, is_causal=False, scale=None):
