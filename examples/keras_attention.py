@@ -2,10 +2,10 @@
 backends hand the call to jax.nn.dot_product_attention and torch's sdpa, which the built-ins judge).
 
 A boolean mask is Keras's ``mask``, a float one its additive ``bias``. Measured (README, "Real libraries"): masked
-scores are ``-0.7 * finfo.max``, not -inf (declared); more kv heads than one raise ValueError although the docstring
-promises GQA (the torch and JAX backends run it): a bug, left failing; float16's P @ V is ``np.einsum`` on float16,
-which accumulates in float16 along that contraction (1.0-1.5x the allowance): left failing. No float64: Keras turns a
-NumPy float64 array into floatx (float32) and returns float32.
+scores are ``-0.7 * finfo.max``, not -inf (declared); fewer kv heads than query heads (but more than one) raise
+ValueError although the docstring promises GQA (its torch and JAX backends run it): a bug, left failing; in float16,
+P @ V is ``np.einsum`` on float16, which sums in float16 along that contraction (1.0-1.5x the allowance): left
+failing. No float64: Keras turns a NumPy float64 array into floatx (float32) and returns float32.
 """
 import os
 
