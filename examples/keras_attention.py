@@ -9,7 +9,7 @@ failing. No float64: Keras turns a NumPy float64 array into floatx (float32) and
 """
 import os
 
-os.environ.setdefault("KERAS_BACKEND", "numpy")  # read once, when keras is first imported
+os.environ["KERAS_BACKEND"] = "numpy"  # the backend judged here; keras reads it once, at its first import
 import keras  # noqa: E402
 
 from attention_conformance.implementations import deviations  # noqa: E402
