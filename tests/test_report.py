@@ -230,7 +230,7 @@ def test_case_records_are_compact():
     passed = _record(max_abs_error=np.float64(2.5919638831084502e-11), allowed=1.5313043847864254e-08,
                      ratio=0.0016926509901360712, shapes={"q": [1, 2, 3, 4]})
     assert passed.as_dict() == {"test": "t[x]", "implementation": "impl", "clause": "sdpa.definition", "case": "c",
-                                "dtype": "float32", "device": "cpu", "status": "passed",
+                                "op": "sdpa", "dtype": "float32", "device": "cpu", "status": "passed",
                                 "max_abs_error": 2.59196e-11, "allowed": 1.5313e-08, "ratio": 0.00169265}
     failed = _record("failed", "[sdpa.definition] bad\n  problem  x\n  repro (run with python in the directory pytest ran in):\n    code",
                      max_abs_error=1.0, allowed=0.0, ratio=float("inf"), shapes={"q": (1, 2, 3, 4), "s": ()})
