@@ -100,7 +100,7 @@ def _cells(merged: dict) -> dict[str, dict[tuple, dict]]:
     return cells
 
 
-def _changes(new_env: dict, old_env: dict, new: dict, old: dict) -> list[str]:
+def _changes(new_env: dict, old_env: dict) -> list[str]:
     """What differs between two paired environments and their implementations: versions, label, Python."""
     changes = []
     new_key, old_key = new_env["key"], old_env["key"]
@@ -148,7 +148,7 @@ def compare(new_report: dict, old_report: dict, source: str) -> dict:
         now, before = new_cells.get(env_id, {}), old_cells.get(old_id, {}) if old_id else {}
         entry = {"environment": env_id, "baseline_environment": old_id, "changes": []}
         if old_id:
-            entry["changes"] = _changes(new["environments"][env_id], old["environments"][old_id], new, old) + \
+            entry["changes"] = _changes(new["environments"][env_id], old["environments"][old_id]) + \
                 _implementation_changes(new["implementations"].get(env_id, []), old["implementations"].get(old_id, []))
         result["environments"].append(entry)
         for key in sorted(set(now) | set(before)):

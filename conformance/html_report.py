@@ -663,13 +663,22 @@ def render(report: dict, path: Path) -> str:
         _failures(cases),
         _other_outcomes(cases),
     ]
+    return page(title, sections)
+
+
+def page(title: str, sections: list[str]) -> str:
+    """A self-contained page: the sections (already HTML) under the inline CSS (merged_html.py's page too)."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(title)}</title>"
             f"<style>{CSS}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
 
-def write(report: dict, path: Path) -> None:
-    """Write the self-contained HTML page for ``report`` (the dict of json_report.build_report) to ``path``."""
+def save(text: str, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(report, path), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
+
+
+def write(report: dict, path: Path) -> None:
+    """Write the self-contained HTML page for ``report`` (the dict of json_report.build_report) to ``path``."""
+    save(render(report, Path(path)), path)

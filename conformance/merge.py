@@ -33,7 +33,7 @@ import argparse
 import gzip
 import json
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 

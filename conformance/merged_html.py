@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from .html_report import (CSS, EXIT_MEANINGS, MAX_FAILURE_GROUPS, STATUS_COLOURS, _cell_status, _clause_ids, _fmt,
-                          _split_message, _table, baseline_section, e)
+from .html_report import (EXIT_MEANINGS, MAX_FAILURE_GROUPS, STATUS_COLOURS, _cell_status, _clause_ids, _fmt,
+                          _split_message, _table, baseline_section, e, page, save)
 
 CASES_PER_FAILURE_ROW = 5  # failed cases listed per cell; the JSON has them all (matrix[].failures)
 
@@ -127,13 +127,9 @@ def _failures(merged: dict) -> str:
 def render(merged: dict) -> str:
     sections = [_header(merged), baseline_section(merged.get("baseline")), _environments(merged), _matrix(merged),
                 _failures(merged)]
-    title = f"attention-conformance — merged: {len(merged['runs'])} reports, {len(merged['environments'])} environments"
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
+    return page(f"attention-conformance — merged: {len(merged['runs'])} reports, "
+                f"{len(merged['environments'])} environments", sections)
 
 
 def write(merged: dict, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(merged), encoding="utf-8")
+    save(render(merged), path)
