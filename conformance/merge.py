@@ -78,20 +78,36 @@ def report_paths(arguments) -> list[Path]:
     return paths
 
 
-def _op_of_clause(clause: str) -> str:
-    """The operation a clause binds: the op of a passed record from a report that did not write it."""
-    from .specdata import clauses
+def _legacy_ops(cases: list[dict]):
+    """For a report written before every record carried its op (a passed record had none): the op of a record, from
+    its fixture (a fixture case's label is its id), else the op the records of the same test function name, else the
+    first operation its clause binds. A guess: an environment of one such report keeps the report's own summary."""
+    from collections import Counter
+
+    from .specdata import clauses, fixtures
 
     try:
-        binds = clauses()[clause].binds
-    except Exception:  # an unknown clause, or spec/ unreadable: the per-operation counts leave it out
-        return ""
-    return binds[0] if binds else ""
+        by_fixture, by_clause = {fx.id: fx.op for fx in fixtures()}, {cid: c.binds for cid, c in clauses().items()}
+    except Exception:  # spec/ unreadable: the per-operation counts of such records are then left empty
+        by_fixture, by_clause = {}, {}
+    by_test: dict[str, Counter] = defaultdict(Counter)
+    for case in cases:
+        if case.get("op"):
+            by_test[case.get("test", "").split("[", 1)[0]][case["op"]] += 1
+
+    def op_of(case: dict) -> str:
+        test = by_test.get(case.get("test", "").split("[", 1)[0])
+        binds = [op for op in by_clause.get(case["clause"], ()) if op in summary.OPERATIONS]
+        return (by_fixture.get(case.get("case", "")) or (test.most_common(1)[0][0] if test else "")
+                or (binds[0] if binds else "sdpa"))
+
+    return op_of
 
 
 def records_of(report: dict) -> list[CaseRecord]:
-    return [CaseRecord.from_report(case, op="" if case.get("op") else _op_of_clause(case["clause"]))
-            for case in report.get("cases") or []]
+    cases = report.get("cases") or []
+    op_of = _legacy_ops(cases) if any("op" not in case for case in cases) else None
+    return [CaseRecord.from_report(case, op=op_of(case) if op_of and "op" not in case else "") for case in cases]
 
 
 # ------------------------------------------------------------------ runs
@@ -272,7 +288,10 @@ def merge(sources: list[str], reports: list[dict]) -> dict:
                 merged["runs"].append(entry)
         merged["matrix"] += _matrix(env_id, cases)
         merged["implementations"][env_id] = _implementations(env_runs)
-        merged["summary"][env_id] = summary.implementation_summary(records)
+        reports_here = [report for run in env_runs for report in run.reports]
+        legacy = any("op" not in case for report in reports_here for case in report.get("cases") or [])
+        merged["summary"][env_id] = (reports_here[0]["summary"] if legacy and len(reports_here) == 1
+                                     else summary.implementation_summary(records))
         merged["causes"][env_id] = [cause.as_dict() for cause in root_causes.root_causes(records)]
         merged["coverage"] += _coverage(env_id, env_runs)
         merged["cases"][env_id] = cases

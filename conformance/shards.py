@@ -202,3 +202,12 @@ def no_items_is_success(session, config) -> None:
     if config.stash.get(SHARD_KEY, None) is not None and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED \
             and INFO.get("of"):
         session.exitstatus = pytest.ExitCode.OK
+
+
+def terminal_line(config) -> str | None:
+    """The summary's line for a shard: its share, and that the coverage floor waits for the merge."""
+    shard = config.stash.get(SHARD_KEY, None) if hasattr(config, "stash") else None
+    if shard is None or not INFO:
+        return None
+    return (f"shard {shard}: {INFO['items']} of {INFO['of']} items (balanced by {INFO['balanced_by']}); the coverage "
+            f"rule's floor is applied to all {shard.count} shards by `attention-conformance merge`")

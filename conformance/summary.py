@@ -134,6 +134,11 @@ def terminal_summary(tr, config) -> None:
         tr.write_line(line)
     for line in compared:  # --baseline: what changed since the earlier report (conformance/baseline.py)
         tr.write_line(line)
+    from . import shards
+
+    shard = shards.terminal_line(config)
+    if shard:
+        tr.write_line(shard)
     skipped_lines(tr)
 
     pairs = len(agreement.matrix())
