@@ -25,7 +25,8 @@ import pytest
 from attention_conformance.conformance import baseline, coverage, merge, merged_html, shards
 from attention_conformance.conformance.specdata import ROOT
 
-pytestmark = pytest.mark.selfcheck
+# Each end-to-end test starts pytest several times (about 4 s of CPU each): past the default 120 s under load.
+pytestmark = [pytest.mark.selfcheck, pytest.mark.timeout(400)]
 
 SCHEMA = json.loads((ROOT / "docs" / "report-schema.json").read_text())
 SELECTION = ["conformance/test_fixtures.py", "conformance/test_properties.py", "-k",
@@ -121,6 +122,11 @@ def test_a_run_compared_with_itself_is_no_change_and_a_broken_release_names_what
                                                   for row in report["baseline"]["newly_broken"]]
     assert "twin_attention 1.0 -> 2.0" in done.stdout  # the implementation's version, carried by the report
     assert report["baseline"]["fixed"] == [] and report["baseline"]["deviations_added"] == []
+    page = (runs.path / "release2.html").read_text()
+    assert "Compared with the baseline" in page and "Newly broken (" in page
+    # The merge command compares too; with --fail-on-regression the new breakage fails it.
+    merged_args = [str(runs.path / "release2.json"), "--baseline", str(old)]
+    assert merge.main(merged_args) == 0 and merge.main([*merged_args, "--fail-on-regression"]) == 1
 
     # --fail-on-regression: only new breakage fails; the same breakage again passes.
     done, report = run_suite(runs.path, "release2-again", RELEASE_2, "--baseline", str(runs.path / "release2.json"),
