@@ -185,6 +185,11 @@ def _header(report: dict, path: Path) -> str:
          "the counts and cases are those judged before it stopped"),
         ("report schema", f"version {e(report.get('schema_version'))}{json_link}"),
     ]
+    shard = report.get("shard")
+    if shard:
+        rows.append(("shard", f"{e(shard.get('index'))}/{e(shard.get('count'))}: {e(shard.get('items'))} of "
+                              f"{e(shard.get('of'))} items; <code>attention-conformance merge</code> puts the "
+                              f"{e(shard.get('count'))} reports together and applies the coverage rule to all"))
     meta = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<h1>attention-conformance report</h1><table class="meta">{meta}</table>'
 
