@@ -33,7 +33,7 @@ import argparse
 import gzip
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,8 +82,6 @@ def _legacy_ops(cases: list[dict]):
     """For a report written before every record carried its op (a passed record had none): the op of a record, from
     its fixture (a fixture case's label is its id), else the op the records of the same test function name, else the
     first operation its clause binds. A guess: an environment of one such report keeps the report's own summary."""
-    from collections import Counter
-
     from .specdata import clauses, fixtures
 
     try:
@@ -277,6 +275,7 @@ def merge(sources: list[str], reports: list[dict]) -> dict:
             "description": describe_key(key) or "(no framework imported)", "key": key,
             "environment": environment.united([run.environment for run in env_runs]),
             "complete": not env_reasons, **({"incomplete_reason": "; ".join(env_reasons)} if env_reasons else {}),
+            "missing_shards": [f"{index}/{run.shard_count}" for run in env_runs for index in run.missing],
         }
         for run in env_runs:
             for source, report in zip(run.sources, run.reports):
@@ -312,8 +311,8 @@ def verdicts(merged: dict) -> dict:
 
 
 def missing_shards(merged: dict) -> list[str]:
-    return [f"{env_id}: {env['incomplete_reason']}" for env_id, env in merged["environments"].items()
-            if "missing" in env.get("incomplete_reason", "")]
+    """``E1 2/4`` for each shard of a split run that no report stands for."""
+    return [f"{env_id} {shard}" for env_id, env in merged["environments"].items() for shard in env["missing_shards"]]
 
 
 def durations(reports: list[dict]) -> dict[str, float]:

@@ -204,7 +204,9 @@ def test_a_cpu_and_a_cuda_report_are_one_matrix_with_both_devices_never_summed(r
 
 def test_merge_refuses_what_cannot_be_one_run(runs, tmp_path):
     one, two = runs.shards
-    assert merge.missing_shards(merge.merge(["s1"], [one])) and merge.exit_status(merge.merge(["s1"], [one])) == 1
+    alone = merge.merge(["s1"], [one])
+    validate(alone)
+    assert merge.missing_shards(alone) == ["E1 2/2"] and merge.exit_status(alone) == 1 and not alone["complete"]
     with pytest.raises(merge.MergeError, match="are both shard 1/2"):
         merge.merge(["a", "b"], [one, one])
     other_plan = copy.deepcopy(two)
