@@ -70,24 +70,28 @@ def _as_merged(report: dict, source: str) -> dict:
 
 
 def _pair(new: dict, old: dict) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """(this run's environment, the baseline's paired with it or None), and the baseline's left unpaired."""
+    """(this side's environment, the baseline's paired with it or None), and the baseline's left unpaired: by equal
+    key, then by a label one environment on each side has, then the only one left on each side."""
     new_envs, old_envs = new["environments"], old["environments"]
     pairs: dict[str, str] = {}
     free = list(old_envs)
-    for rule in ("key", "label", "only"):
-        for env_id, env in new_envs.items():
-            if env_id in pairs:
-                continue
-            if rule == "key":
-                found = [o for o in free if old_envs[o]["key"] == env["key"]]
-            elif rule == "label":
-                found = [o for o in free if old_envs[o]["key"]["label"] == env["key"]["label"]]
-                found = found if len(found) == 1 and sum(
-                    1 for n, e in new_envs.items() if n not in pairs and e["key"]["label"] == env["key"]["label"]) == 1 \
-                    else []
-            else:
-                found = free if len(free) == 1 and len(new_envs) - len(pairs) == 1 else []
-            if found:
+
+    def unpaired_new() -> list[str]:
+        return [env_id for env_id in new_envs if env_id not in pairs]
+
+    def label(envs: dict, env_id: str) -> str:
+        return envs[env_id]["key"]["label"]
+
+    rules = (
+        lambda env_id: [o for o in free if old_envs[o]["key"] == new_envs[env_id]["key"]],
+        lambda env_id: [o for o in free if label(old_envs, o) == label(new_envs, env_id)]
+        if sum(label(new_envs, n) == label(new_envs, env_id) for n in unpaired_new()) == 1 else [],
+        lambda env_id: list(free) if len(unpaired_new()) == 1 else [],
+    )
+    for rule in rules:
+        for env_id in unpaired_new():
+            found = rule(env_id)
+            if len(found) == 1:  # keys are unique on each side: the first rule finds one at most
                 pairs[env_id] = found[0]
                 free.remove(found[0])
     return [(env_id, pairs.get(env_id)) for env_id in new_envs], free
