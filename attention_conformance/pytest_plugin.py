@@ -322,6 +322,17 @@ def pytest_sessionfinish(session, exitstatus):
         support.finish(session)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Where the item ran: a failure by verdicts alone is marked so (for --fail-on-regression)."""
+    report = yield
+    if engaged(item.config):
+        from attention_conformance.conformance import baseline
+
+        baseline.mark_verdict(report, call)
+    return report
+
+
 def pytest_runtest_logreport(report):
     """Each item's phases, on the controller (xdist forwards the workers' reports) or the only process: its
     measured duration (for --shard) and whether it failed (for --fail-on-regression)."""

@@ -30,8 +30,8 @@ from .merge import KIND, MergeError, merge, read_report
 RESULT_KEY = pytest.StashKey[dict]()  # the comparison, for the terminal summary
 BASELINE_KEY = pytest.StashKey[tuple]()  # (path, report) read at configure
 LINES_PER_KIND = 12  # cells listed per kind in the terminal; the report lists all
-CALL_FAILURES: set[str] = set()  # nodeids whose test call failed (the controller sees every worker's reports)
-OTHER_FAILURES: set[str] = set()  # nodeids that failed in setup or teardown: errors, never a tolerated failure
+VERDICT_FAILURES: set[str] = set()  # items failed by verdicts alone (the controller sees every worker's reports)
+OTHER_FAILURES: set[str] = set()  # items failed otherwise: an error in setup, a crash, a time limit
 
 
 class BaselineError(Exception):
@@ -58,10 +58,27 @@ def load(config) -> None:
             raise pytest.UsageError(str(exc)) from None
 
 
+def is_verdict(error) -> bool:
+    """A verdict against the implementation (ConformanceFailure), or a group of them (Hypothesis raises the distinct
+    failures of one test as a group)."""
+    from .report import ConformanceFailure
+
+    inner = getattr(error, "exceptions", None)
+    return isinstance(error, ConformanceFailure) or bool(inner) and all(is_verdict(e) for e in inner)
+
+
+def mark_verdict(report, call) -> None:
+    """pytest_runtest_makereport, where the item ran: mark a failed report whose exception is a verdict (the mark
+    travels to the xdist controller with the report)."""
+    if report.failed and call.excinfo is not None and is_verdict(call.excinfo.value):
+        report.conformance_verdict = True
+
+
 def note_outcome(report) -> None:
-    """pytest_runtest_logreport: which items failed, and in which phase."""
+    """pytest_runtest_logreport: which items failed, by verdicts alone or otherwise."""
     if report.failed:
-        (CALL_FAILURES if report.when == "call" else OTHER_FAILURES).add(report.nodeid)
+        verdict = report.when == "call" and getattr(report, "conformance_verdict", False)
+        (VERDICT_FAILURES if verdict else OTHER_FAILURES).add(report.nodeid)
 
 
 # ------------------------------------------------------------------ the comparison
@@ -185,23 +202,23 @@ def compare_run(config, pytest_session, report: dict) -> None:
     config.stash[RESULT_KEY] = result
     report["baseline"] = result
     if config.getoption("fail_on_regression", False):
-        pytest_session.exitstatus = regression_status(pytest_session.exitstatus, result, report, config)
+        pytest_session.exitstatus = regression_status(pytest_session.exitstatus, result, config)
         report["exit_status"] = int(pytest_session.exitstatus)
 
 
-def regression_status(exitstatus, result: dict, report: dict, config) -> int:
+def regression_status(exitstatus, result: dict, config) -> int:
     """The exit status under --fail-on-regression: 1 on new breakage; 0 for a run whose failures are all
     conformance failures of cells already broken in the baseline; otherwise unchanged."""
     from . import coverage
 
     if result["newly_broken"]:
         return pytest.ExitCode.TESTS_FAILED if exitstatus == pytest.ExitCode.OK else exitstatus
-    if exitstatus != pytest.ExitCode.TESTS_FAILED or OTHER_FAILURES or not CALL_FAILURES:
+    if exitstatus != pytest.ExitCode.TESTS_FAILED or OTHER_FAILURES or not VERDICT_FAILURES:
         return exitstatus
     if config.stash.get(coverage.PROBLEMS_KEY, []) and not config.getoption("allow_unjudged", False):
         return exitstatus
-    failed_tests = {case["test"] for case in report["cases"] if case["status"] == "failed"}
-    return pytest.ExitCode.OK if CALL_FAILURES <= failed_tests else exitstatus
+    # Every failed item failed by verdicts, each filed in a cell; none is newly broken, so each was broken before.
+    return pytest.ExitCode.OK
 
 
 # ------------------------------------------------------------------ the terminal

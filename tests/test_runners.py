@@ -1,7 +1,7 @@
 """Conformance across runners and over time: --shard, `attention-conformance merge`, --baseline.
 
-End to end on a small run (tests/twins.py's first release: the fixtures and four properties, float32 and
-float64, the derandomized `ci` profile, so every run draws the same examples): the merge of its two shard reports
+End to end on a small run (tests/twins.py's first release beside examples/my_attention.py: some fixtures
+and four properties, float32 and float64, the derandomized `ci` profile, so every run draws the same examples): the merge of its two shard reports
 (one shard under xdist) equals the merge of the run unsplit, and equals its report; the run compared with itself
 prints "no change"; the second release (an sdpa that ignores an explicit scale, under the same NAME) compared
 with the first names exactly the clauses it broke. The rest are unit checks of the plan, the coverage rule in
@@ -9,6 +9,7 @@ shards and the merge of environments.
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import gzip
 import json
@@ -29,8 +30,8 @@ from attention_conformance.conformance.specdata import ROOT
 pytestmark = [pytest.mark.selfcheck, pytest.mark.timeout(400)]
 
 SCHEMA = json.loads((ROOT / "docs" / "report-schema.json").read_text())
-SELECTION = ["conformance/test_fixtures.py", "conformance/test_properties.py", "-k",
-             "explicit_scale or default_scale or softmax_matches or qkv", "--dtype", "float64", "--dtype", "float32"]
+SELECTION = ["conformance/test_fixtures.py", "conformance/test_properties.py", "--dtype", "float64", "--dtype", "float32",
+             "-k", "explicit_scale or default_scale or softmax_matches or qkv or scaled"]
 RELEASE_1, RELEASE_2 = "tests.twins:Release1", "tests.twins:Release2"
 BESIDE = "examples.my_attention"  # a second implementation: the fixtures' cross-backend agreement must survive shards
 
@@ -115,6 +116,7 @@ def test_a_run_compared_with_itself_is_no_change_and_a_broken_release_names_what
     validate(report)
     broken = {case["clause"] for case in report["cases"] if case["status"] == "failed"}
     assert "sdpa.scale-explicit" in broken
+    assert any("test_fixture" in case["test"] for case in report["cases"] if case["status"] == "failed")
     newly = {row["clause"] for row in report["baseline"]["newly_broken"]}
     assert newly == broken and all(row["baseline"]["failed"] == 0 for row in report["baseline"]["newly_broken"])
     line = next(line for line in done.stdout.splitlines() if "NEWLY BROKEN" in line)
@@ -147,19 +149,24 @@ def test_a_report_from_before_op_and_spec_hash_is_still_a_baseline(runs):
 
 
 def test_fail_on_regression_keeps_errors_and_needs_a_baseline(monkeypatch):
+    from attention_conformance.conformance.report import ConformanceFailure
+
     config = SimpleNamespace(stash={}, getoption=lambda name, default=None: default)
-    monkeypatch.setattr(baseline, "CALL_FAILURES", {"t[a]"})
+    monkeypatch.setattr(baseline, "VERDICT_FAILURES", {"t[a]"})
     monkeypatch.setattr(baseline, "OTHER_FAILURES", set())
-    report = {"cases": [{"test": "t[a]", "status": "failed"}]}
     same = {"newly_broken": []}
-    assert baseline.regression_status(1, same, report, config) == 0
-    assert baseline.regression_status(1, {"newly_broken": [{}]}, report, config) == 1
-    assert baseline.regression_status(2, same, report, config) == 2  # an interrupted run stays interrupted
-    monkeypatch.setattr(baseline, "CALL_FAILURES", {"t[a]", "t[not-a-conformance-failure]"})
-    assert baseline.regression_status(1, same, report, config) == 1
-    monkeypatch.setattr(baseline, "CALL_FAILURES", {"t[a]"})
-    monkeypatch.setattr(baseline, "OTHER_FAILURES", {"t[b]"})  # an error in setup is never tolerated
-    assert baseline.regression_status(1, same, report, config) == 1
+    assert baseline.regression_status(1, same, config) == 0
+    assert baseline.regression_status(1, {"newly_broken": [{}]}, config) == 1
+    assert baseline.regression_status(0, {"newly_broken": [{}]}, config) == 1
+    assert baseline.regression_status(2, same, config) == 2  # an interrupted run stays interrupted
+    monkeypatch.setattr(baseline, "OTHER_FAILURES", {"t[b]"})  # an error, a crash, a time limit: never tolerated
+    assert baseline.regression_status(1, same, config) == 1
+    # A verdict, or a group of verdicts (Hypothesis's distinct failures), and nothing else, is a verdict.
+    group = getattr(builtins, "ExceptionGroup", None) or pytest.importorskip("exceptiongroup").ExceptionGroup
+    verdict = ConformanceFailure("sdpa.definition", "wrong")
+    assert baseline.is_verdict(verdict) and baseline.is_verdict(group("two", [verdict, verdict]))
+    assert not baseline.is_verdict(group("mixed", [verdict, ValueError()]))
+    assert not baseline.is_verdict(AssertionError("a self-check's own assert"))
     with pytest.raises(pytest.UsageError, match="--fail-on-regression needs --baseline"):
         baseline.load(SimpleNamespace(getoption=lambda name, default=None: name == "fail_on_regression" or default))
 
