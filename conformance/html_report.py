@@ -607,9 +607,10 @@ def baseline_section(result: dict | None) -> str:
         return ""
     suite = result.get("suite") or {}
     out = ["<h2>Compared with the baseline</h2>",
-           f'<p>Baseline <span class="mono">{e(result.get("source"))}</span>, written by suite {e(suite.get("version"))}'
-           f' <span class="mono">{e((suite.get("commit") or "")[:10])}</span>'
-           + (" (the spec differs: clauses, tolerances or fixtures changed)" if result.get("same_spec") is False else "")
+           f'<p>Baseline <span class="mono">{e(result.get("source"))}</span>, written by suite '
+           f'{e(suite.get("version"))} <span class="mono">{e((suite.get("commit") or "")[:10])}</span>'
+           + (" (the spec differs: clauses, tolerances or fixtures changed)"
+              if result.get("same_spec") is False else "")
            + ".</p>"]
     if result.get("no_change"):
         out.append('<p><span class="badge ok">no change</span> Nothing newly broken or fixed, no deviation added or '

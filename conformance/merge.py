@@ -280,7 +280,8 @@ def merge(sources: list[str], reports: list[dict]) -> dict:
         for run in env_runs:
             for source, report in zip(run.sources, run.reports):
                 entry = {"source": source, "environment": env_id, "suite": report["suite"],
-                         "exit_status": int(report.get("exit_status", 0)), "complete": bool(report.get("complete", True)),
+                         "exit_status": int(report.get("exit_status", 0)),
+                         "complete": bool(report.get("complete", True)),
                          "cases": len(report.get("cases") or [])}
                 if report.get("shard"):
                     entry["shard"] = {"index": report["shard"]["index"], "count": report["shard"]["count"]}

@@ -34,9 +34,9 @@ def _header(merged: dict) -> str:
     ]
     coverage = merged.get("coverage") or []
     if coverage:
-        rows.append(("coverage", "<br>".join(
-            f"{e(c['environment'])}: {e(c['line'])} ({'applied by the merge' if c['applied_by'] == 'merge' else 'in the run'})"
-            for c in coverage)))
+        where = {"merge": "applied by the merge", "run": "in the run"}
+        rows.append(("coverage", "<br>".join(f"{e(c['environment'])}: {e(c['line'])} ({where[c['applied_by']]})"
+                                             for c in coverage)))
     meta = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<h1>attention-conformance merged report</h1><table class="meta">{meta}</table>'
 
@@ -52,7 +52,8 @@ def _environments(merged: dict) -> str:
         devices = (env.get("environment") or {}).get("devices") or {}
         device_text = "; ".join(f"{k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in devices.items())
         rows.append([f"<b>{e(env_id)}</b>", e(env["description"]), e(device_text), sources,
-                     "yes" if env["complete"] else f'<span class="badge bad">no</span> {e(env.get("incomplete_reason"))}'])
+                     "yes" if env["complete"]
+                     else f'<span class="badge bad">no</span> {e(env.get("incomplete_reason"))}'])
     return ("<h2>Environments</h2>" + _table(["", "environment", "devices", "reports", "complete"], rows)
             + '<p class="note">Runs with the same label, Python, OS, installed framework versions and accelerators '
               "are one environment (a case both judged counts once); the shards of a split run are one run.</p>")
@@ -68,11 +69,12 @@ def _matrix(merged: dict) -> str:
         by_impl[impl] += 1
     head = ('<tr><th rowspan="2">clause</th>' + "".join(f'<th class="impl" colspan="{n}">{e(impl)}</th>'
                                                         for impl, n in by_impl.items()) + "</tr><tr>"
-            + "".join(f'<th class="impl" title="{e(merged["environments"][env]["description"])}">{e(device)} · {e(env)}'
-                      "</th>" for _, device, env in columns) + "</tr>")
+            + "".join(f'<th class="impl" title="{e(merged["environments"][env]["description"])}">'
+                      f"{e(device)} · {e(env)}</th>" for _, device, env in columns) + "</tr>")
     body = []
     for cid in ids:
-        row = [f'<th class="clause" title="{e(statements.get(cid, "not in spec/clauses.yaml"))}"><code>{e(cid)}</code></th>']
+        statement = statements.get(cid, "not in spec/clauses.yaml")
+        row = [f'<th class="clause" title="{e(statement)}"><code>{e(cid)}</code></th>']
         for impl, device, env in columns:
             cell = cells.get((env, impl, device, cid))
             counts = {k: cell[k] for k in ("passed", "failed", "deviation", "unsupported")} if cell else {}
@@ -120,7 +122,8 @@ def _failures(merged: dict) -> str:
                      f"<code>{e(cell['clause'])}</code>", f"{cell['failed']} / {cell['judged']}", listed + folded])
     out.append(_table(["implementation", "clause", "failed / judged", "failed cases"], rows, "failures", numeric=[2]))
     if len(failing) > MAX_FAILURE_GROUPS:
-        out.append(f'<p class="note">{len(failing) - MAX_FAILURE_GROUPS} more failing cells are in the JSON report.</p>')
+        out.append(f'<p class="note">{len(failing) - MAX_FAILURE_GROUPS} more failing cells are in the JSON '
+                   "report.</p>")
     return "".join(out)
 
 

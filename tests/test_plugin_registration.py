@@ -84,7 +84,8 @@ def test_the_github_actions_example_runs_shards_and_merges_them(tmp_path):
     for command in commands.values():
         assert "--conformance-report" in command and "--hypothesis-profile ci" in command
     assert "--device cuda" in commands["gpu"] and "--device cpu" in commands["cpu"]
-    assert "--shard ${{ matrix.shard }}/$SHARDS" in commands["cpu"] and "--shard-durations durations.json" in commands["cpu"]
+    assert "--shard ${{ matrix.shard }}/$SHARDS" in commands["cpu"]
+    assert "--shard-durations durations.json" in commands["cpu"]
     # Every runner uploads its reports (also when it fails) under a name the merge job downloads; the durations of
     # the plan job are not among them, and every shard splits by that one file.
     durations = _steps(plan, "actions/upload-artifact")[0]["with"]["name"]
@@ -92,8 +93,8 @@ def test_the_github_actions_example_runs_shards_and_merges_them(tmp_path):
     pattern = _steps(merged, "actions/download-artifact")[0]["with"]["pattern"]
     for job in (cpu, gpu):
         upload = _steps(job, "actions/upload-artifact")[0]
-        assert upload["if"] == "always()" and fnmatch.fnmatch(upload["with"]["name"].replace("${{ matrix.shard }}", "2"),
-                                                              pattern)
+        name = upload["with"]["name"].replace("${{ matrix.shard }}", "2")
+        assert upload["if"] == "always()" and fnmatch.fnmatch(name, pattern)
     assert not fnmatch.fnmatch(durations, pattern)
     # The compile caches: the plugin's directory, keyed as docs/ci.md says (OS, Python, jax and jaxlib), per shard.
     cache = _steps(cpu, "actions/cache@")[0]["with"]

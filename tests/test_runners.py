@@ -1,9 +1,9 @@
 """Conformance across runners and over time: --shard, `attention-conformance merge`, --baseline.
 
 End to end on a small run (tests/twins.py's first release beside examples/my_attention.py: some fixtures
-and four properties, float32 and float64, the derandomized `ci` profile, so every run draws the same examples): the merge of its two shard reports
-(one shard under xdist) equals the merge of the run unsplit, and equals its report; the run compared with itself
-prints "no change"; the second release (an sdpa that ignores an explicit scale, under the same NAME) compared
+and four properties, float32 and float64, the derandomized `ci` profile, so every run draws the same examples):
+the merge of its two shard reports (one shard under xdist) equals the merge of the run unsplit, and equals its
+report; the run compared with itself prints "no change"; the second release (an sdpa that ignores an explicit scale, under the same NAME) compared
 with the first names exactly the clauses it broke. The rest are unit checks of the plan, the coverage rule in
 shards and the merge of environments.
 """
@@ -30,8 +30,8 @@ from attention_conformance.conformance.specdata import ROOT
 pytestmark = [pytest.mark.selfcheck, pytest.mark.timeout(400)]
 
 SCHEMA = json.loads((ROOT / "docs" / "report-schema.json").read_text())
-SELECTION = ["conformance/test_fixtures.py", "conformance/test_properties.py", "--dtype", "float64", "--dtype", "float32",
-             "-k", "explicit_scale or default_scale or softmax_matches or qkv or scaled"]
+SELECTION = ["conformance/test_fixtures.py", "conformance/test_properties.py", "--dtype", "float64",
+             "--dtype", "float32", "-k", "explicit_scale or default_scale or softmax_matches or qkv or scaled"]
 RELEASE_1, RELEASE_2 = "tests.twins:Release1", "tests.twins:Release2"
 BESIDE = "examples.my_attention"  # a second implementation: the fixtures' cross-backend agreement must survive shards
 
