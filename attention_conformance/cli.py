@@ -8,6 +8,9 @@ applicable case passed).
 `attention-conformance repro ID [--impl SPEC] [--print-python]` replays one failure of a run (its block prints the
 command; conformance/repro.py): exit status 1 if it still fails, 0 if it passes (or is not judged: unsupported, a
 declared deviation), 2 if the repro cannot be found or run.
+
+`attention-conformance merge REPORT... -o combined.json` merges the JSON reports of several runners (and the
+shards of a split run) into one matrix (conformance/merge.py, docs/ci.md).
 """
 from __future__ import annotations
 
@@ -24,10 +27,19 @@ def command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "pytest", "--pyargs", TEST_PACKAGE, *args]
 
 
+def merge_command(args: list[str]) -> int:
+    """`attention-conformance merge ...`: no pytest run, so this process does the work itself."""
+    from attention_conformance.conformance import merge
+
+    return merge.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == [REPRO_COMMAND]:
         return repro_main(args[1:])
+    if args[:1] == ["merge"]:
+        return merge_command(args[1:])
     # A fresh interpreter rather than pytest.main here: this process has imported attention_conformance
     # already, which pytest could then not rewrite (a PytestAssertRewriteWarning), and `python -m pytest`
     # puts the current directory on sys.path exactly as the documented command does.

@@ -97,6 +97,28 @@ def pytest_addoption(parser):
     group.addoption("--large-shapes", action="store_true", default=False,
                     help="also run conformance/test_large_shapes.py: sdpa at Lk up to 16384, D 128, judged by the "
                     "blocked float64 oracle (slow; see docs/large-shapes.md).")
+    _add_runner_options(group)
+
+
+def _add_runner_options(group) -> None:
+    """Options for runs across several runners and over time: shards, environment labels, baselines (docs/ci.md)."""
+    group.addoption("--shard", metavar="I/N", default=None,
+                    help="run the I-th of N shares of the selected items (1 <= I <= N), balanced by measured "
+                    "duration; needs --conformance-report. `attention-conformance merge` puts the N reports back "
+                    "together and applies the coverage rule to the whole run (docs/ci.md).")
+    group.addoption("--shard-durations", metavar="PATH", default=None,
+                    help="durations file balancing --shard (default: the suite's conformance/durations.json; "
+                    "`attention-conformance merge --durations-out PATH` writes one from a run's reports). A missing "
+                    "file is no error: items then weigh by their test function.")
+    group.addoption("--environment-label", metavar="TEXT", default=None,
+                    help="name this runner's environment in the report (e.g. the GPU kind of a CI matrix entry): "
+                    "merged reports never sum runs with different labels into one cell.")
+    group.addoption("--baseline", metavar="OLD.json", default=None,
+                    help="compare this run with an earlier report (a runner's or a merged one): clauses newly broken, "
+                    "fixed, deviations added or gone, in the summary and the report. The exit status is unchanged.")
+    group.addoption("--fail-on-regression", action="store_true", default=False,
+                    help="with --baseline: exit 1 when a clause broke that was not broken in the baseline, and 0 "
+                    "when every failure was already there (only new breakage fails).")
 
 
 # ------------------------------------------------------------- engagement
@@ -213,6 +235,7 @@ def pytest_collection_modifyitems(config, items):
         support.deselect_selfcheck_for_user_impls(config, items)
         support.deselect_absent_devices(config, items)
         support.skip_large_shapes_unless_opted_in(config, items)
+        support.keep_this_shard(config, items)  # last: the shares are of what every other rule left
 
 
 def pytest_collection_finish(session):
@@ -312,6 +335,27 @@ def pytest_sessionfinish(session, exitstatus):
         from attention_conformance.conformance import plugin as support
 
         support.finish(session)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Where the item ran: a failure by verdicts alone is marked so (for --fail-on-regression)."""
+    report = yield
+    if engaged(item.config):
+        from attention_conformance.conformance import baseline
+
+        baseline.mark_verdict(report, call)
+    return report
+
+
+def pytest_runtest_logreport(report):
+    """Each item's phases, on the controller (xdist forwards the workers' reports) or the only process: its
+    measured duration (for --shard) and whether it failed (for --fail-on-regression)."""
+    config = _ACTIVE["config"]
+    if config is not None and not hasattr(config, "workerinput"):
+        from attention_conformance.conformance import plugin as support
+
+        support.logreport(report)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -80,9 +80,24 @@ def configure(config) -> None:
     config.stash[IMPLS_KEY] = impls
     config.stash.setdefault(USER_NAMED_KEY, {impl.name for impl in impls})
     repro.configure(config)
+    configure_runners(config)
     if config.getoption("list_impls"):
         _print_impls(impls)
         pytest.exit("listed implementations", returncode=0)
+
+
+def configure_runners(config) -> None:
+    """--shard and --baseline (conformance/shards.py, conformance/baseline.py), checked before anything runs."""
+    from . import baseline, shards
+
+    shard = shards.parse(config.getoption("shard", None))
+    if shard is not None:
+        if not config.getoption("conformance_report", None) and not is_xdist_worker(config):
+            raise pytest.UsageError("--shard needs --conformance-report PATH: `attention-conformance merge` applies "
+                                    "the coverage rule to the N shards' reports together (docs/ci.md)")
+        config.stash[shards.SHARD_KEY] = shard
+    if not is_xdist_worker(config):
+        baseline.load(config)
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -191,6 +206,13 @@ def deselect_absent_devices(config, items) -> None:
         coverage.note_absent(drop)
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def keep_this_shard(config, items) -> None:
+    """--shard I/N: the I-th share of the items left after every other deselection (conformance/shards.py)."""
+    from . import shards
+
+    shards.select(config, items)
 
 
 # ----------------------------------------------------------- parametrisation
@@ -383,8 +405,11 @@ def finish(pytest_session) -> None:
         session.note_stopped(f"stopped early: {pytest_session.shouldfail or pytest_session.shouldstop}")
     config = pytest_session.config
     if is_xdist_worker(config):
+        from . import shards
+
         transport.stream(config, final=True)
         coverage.send(config)
+        shards.send(config)
         transport.send_to_controller(config)
         return
     streamed = transport.read_unreceived()
@@ -393,11 +418,23 @@ def finish(pytest_session) -> None:
         session.STATE["detail"] = (f"the records of {len(streamed)} xdist worker(s) that did not report, "
                                    f"{sum(streamed.values())} in all, were read from their streams")
     enforce_coverage(pytest_session)
-    path = config.getoption("conformance_report", None)
-    if path:
-        from . import json_report
+    finish_runners(pytest_session)
 
-        json_report.write_report(config, path, pytest_session.exitstatus)
+
+def finish_runners(pytest_session) -> None:
+    """The report, compared with --baseline first when one is given (conformance/baseline.py); a shard that drew
+    no item exits 0 (conformance/shards.py)."""
+    from . import baseline, json_report, shards
+
+    config = pytest_session.config
+    shards.no_items_is_success(pytest_session, config)
+    path = config.getoption("conformance_report", None)
+    report = None
+    if baseline.BASELINE_KEY in config.stash:
+        report = json_report.build_report(config, pytest_session.exitstatus)
+        baseline.compare_run(config, pytest_session, report)
+    if path:
+        json_report.write_report(config, path, pytest_session.exitstatus, report)
 
 
 def unconfigure() -> None:
@@ -415,8 +452,19 @@ def receive_from_worker(node) -> None:
     """The controller merges what a finished xdist worker sent (transport.py) and its coverage counts."""
     from . import coverage, transport
 
+    from . import shards
+
     transport.receive_from_worker(node)
     coverage.receive(node)
+    shards.receive(node)
+
+
+def logreport(report) -> None:
+    """Each item's phase reports, on the controller or the only process (pytest_runtest_logreport)."""
+    from . import baseline, shards
+
+    shards.note_duration(report)
+    baseline.note_outcome(report)
 
 
 def enforce_coverage(pytest_session) -> None:

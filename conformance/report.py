@@ -31,20 +31,18 @@ class CaseRecord:
     def as_dict(self, repro: bool = True) -> dict[str, Any]:
         """The record as written to the JSON report (docs/report.md, ``cases[]``), compacted.
 
-        Always: test, implementation, clause, case, dtype, device, status. A figure
+        Always: test, implementation, clause, case, op, dtype, device, status. A figure
         (max_abs_error, allowed, ratio) only when it is a finite number, rounded to
-        FIGURE_DIGITS significant digits (a ratio never rounds across 1); op and
-        shapes (as one string, see ``shapes_text``) only for a record that did not
-        pass; message only when not empty; repro (the ID of its saved repro file) for a
-        failure whose file was saved. ``repro=False`` leaves the repro command out of a
-        failure's message (json_report keeps it in the last failing record of each
-        test, clause, device and dtype).
+        FIGURE_DIGITS significant digits (a ratio never rounds across 1); shapes (as
+        one string, see ``shapes_text``) only for a record that did not pass; message
+        only when not empty; repro (the ID of its saved repro file) for a failure whose
+        file was saved. ``repro=False`` leaves the repro command out of a failure's
+        message (json_report keeps it in the last failing record of each test, clause,
+        device and dtype).
         """
         data: dict[str, Any] = {"test": self.test, "implementation": self.implementation, "clause": self.clause,
-                                "case": self.case}
-        if self.status != "passed":
-            data["op"] = self.op
-        data.update(dtype=self.dtype, device=self.device, status=self.status)
+                                "case": self.case, "op": self.op, "dtype": self.dtype, "device": self.device,
+                                "status": self.status}
         for key in ("max_abs_error", "allowed", "ratio"):
             value = getattr(self, key)
             if value is not None and np.isfinite(value):
@@ -69,6 +67,16 @@ class CaseRecord:
     @classmethod
     def from_transport(cls, data: dict[str, Any]) -> "CaseRecord":
         return cls(**data)
+
+    @classmethod
+    def from_report(cls, data: dict[str, Any], op: str = "") -> "CaseRecord":
+        """A record of a report's ``cases`` again (the inverse of ``as_dict``; what the report left out stays empty).
+        ``op``: the operation of a record from a report that wrote none for a passed case (before it always did)."""
+        return cls(test=data.get("test", ""), implementation=data["implementation"], clause=data["clause"],
+                   case=data.get("case", ""), op=data.get("op") or op, dtype=data["dtype"], device=data["device"],
+                   status=data["status"], max_abs_error=data.get("max_abs_error"), allowed=data.get("allowed"),
+                   ratio=data.get("ratio"), message=data.get("message", ""),
+                   shapes={name: list(shape) for name, shape in parse_shapes(data.get("shapes", "")).items()})
 
 
 JUDGED = ("passed", "failed", "deviation")  # statuses of a case the implementation ran and was judged on

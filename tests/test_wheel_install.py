@@ -103,10 +103,12 @@ def test_the_suite_comes_from_the_wheel_with_its_data(venv, user_project):
     probe = ("import attention_conformance, conformance, implementations\n"
              "from attention_conformance.conformance import specdata\n"
              "print(attention_conformance.__file__); print(len(specdata.clauses()), len(specdata.fixtures()))\n"
-             "print(conformance.OWN, implementations.OWN)")
+             "print(conformance.OWN, implementations.OWN)\n"
+             "from attention_conformance.conformance import shards; print(len(shards.read_durations(None)[0]))")
     done = run([venv / "bin" / "python", "-c", probe], cwd=user_project)
     assert done.returncode == 0, done.stderr
-    location, counts, own = done.stdout.splitlines()
+    location, counts, own, durations = done.stdout.splitlines()
+    assert int(durations) > 0  # --shard's default durations file ships in the wheel
     assert Path(location).resolve().is_relative_to(venv.resolve()), location
     clause_count, fixture_count = map(int, counts.split())
     assert clause_count > 0 and fixture_count > 0
@@ -122,6 +124,11 @@ def test_a_correct_module_passes_from_its_own_directory(venv, user_project):
     assert re.search(r"\d+ passed", done.stdout) and "created: 2/2 workers" in done.stdout, done.stdout[-3000:]
     data = json.loads(report.read_text())
     assert data["summary"]["good_attn"]["failed"] == 0 and data["summary"]["good_attn"]["passed"] > 0, data["summary"]
+    # The console script's merge subcommand, on that report.
+    done = run([venv / "bin" / "attention-conformance", "merge", report, "-o", user_project / "out" / "merged.json"],
+               cwd=user_project)
+    assert done.returncode == 0 and "merged 1 report(s) into 1 environment(s)" in done.stdout, done.stdout + done.stderr
+    assert json.loads((user_project / "out" / "merged.json").read_text())["kind"] == "merged"
 
 
 def test_a_broken_module_fails_with_a_repro_that_reproduces(venv, user_project):
