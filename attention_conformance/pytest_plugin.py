@@ -267,13 +267,18 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A test that failed with verdicts: their repro files are saved and each is printed as a short block
-    (conformance/failure_block.py), in the process that ran it."""
+    """Where the item ran: a failure by verdicts alone is marked so (for --fail-on-regression, conformance/
+    baseline.py); a test that failed with verdicts gets their repro files saved and each printed as a short block
+    (conformance/failure_block.py)."""
     report = yield
-    if call.excinfo is not None and engaged(item.config):
-        from attention_conformance.conformance import failure_block
+    if engaged(item.config):
+        from attention_conformance.conformance import baseline
 
-        failure_block.after_test(item, call, report)
+        baseline.mark_verdict(report, call)
+        if call.excinfo is not None:
+            from attention_conformance.conformance import failure_block
+
+            failure_block.after_test(item, call, report)
     return report
 
 
@@ -335,17 +340,6 @@ def pytest_sessionfinish(session, exitstatus):
         from attention_conformance.conformance import plugin as support
 
         support.finish(session)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Where the item ran: a failure by verdicts alone is marked so (for --fail-on-regression)."""
-    report = yield
-    if engaged(item.config):
-        from attention_conformance.conformance import baseline
-
-        baseline.mark_verdict(report, call)
-    return report
 
 
 def pytest_runtest_logreport(report):

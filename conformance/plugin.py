@@ -64,8 +64,30 @@ def _entry_point_implementations() -> list[Implementation]:
     return found
 
 
+def load_suite_modules() -> None:
+    """Import every module of the suite now, in every process, before any test runs.
+
+    Hypothesis draws some values from the constants of the "local" modules loaded so far (those outside
+    site-packages: in a checkout, the suite's own). A module the suite imports lazily (the repro writer at a first
+    failure, the report at the end) would change those constants mid-run, so that the same derandomized property
+    drew other examples depending on which tests ran before it in its process: a shard of a run (--shard) drew
+    other float32 cases of test_default_scale than the whole run. Loaded up front, the set is the same in every
+    process of every run."""
+    import importlib
+    import pkgutil
+
+    from attention_conformance import conformance, implementations
+
+    for package in (conformance, implementations):
+        for module in pkgutil.iter_modules(package.__path__):
+            if not module.name.startswith("test_"):  # the test modules: pytest imports them at collection
+                importlib.import_module(f"{package.__name__}.{module.name}")
+
+
 def configure(config) -> None:
     """Validate spec/ and fixtures/ and load implementations once; a defect is one usage error."""
+    if is_xdist_worker(config) or getattr(config.option, "dist", "no") == "no":  # a process that runs tests
+        load_suite_modules()
     share_jax_compilations(config)
     try:
         clauses()
