@@ -205,6 +205,16 @@ def pytest_configure(config):
     _ACTIVE["config"] = config
 
 
+def pytest_sessionstart(session):
+    """The compile caches, under pytest's cache directory: it exists only after every pytest_configure (pytest's
+    own is tryfirst too, and runs after this plugin's), and this runs before xdist starts its workers (its
+    sessionstart is trylast), which inherit the variables, and before any framework is imported."""
+    if engaged(session.config):
+        from attention_conformance.conformance import plugin as support
+
+        support.share_jax_compilations(session.config)
+
+
 def pytest_unconfigure(config):
     if _ACTIVE["config"] is config:
         from attention_conformance.conformance import plugin as support

@@ -88,7 +88,6 @@ def configure(config) -> None:
     """Validate spec/ and fixtures/ and load implementations once; a defect is one usage error."""
     if is_xdist_worker(config) or getattr(config.option, "dist", "no") == "no":  # a process that runs tests
         load_suite_modules()
-    share_jax_compilations(config)
     try:
         clauses()
         fixtures()
