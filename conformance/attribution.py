@@ -17,14 +17,16 @@ import dataclasses
 import numpy as np
 
 from attention_conformance.implementations._arrays import dtype_name
-from attention_conformance.implementations._registry import LAYOUT_SHAPES, LAYOUTS, VARIANT_DEFAULTS
+from attention_conformance.implementations._registry import (LAYOUT_SHAPES, LAYOUTS, SEQUENCE_ALIGNMENTS,
+                                                             VARIANT_DEFAULTS)
 
 from . import oracle
 from .cases import Case
 from .containment import _copies, _flat, _is_array, call_with_limit
-from .expected import expected_output
+from .expected import SEQUENCE_OPS, allowed_error, canonical_output, expected_output
 
 LAYOUT_CLAUSE = "contract.layout"  # q, k, v and the output in the declared LAYOUT
+ALIGNMENT_CLAUSES = {"sdpa_varlen": "varlen.alignment", "sdpa_paged": "paged.alignment"}  # SEQUENCE_ALIGNMENT
 # The variant keywords each variant clause is about: its own probe takes them out (a case that then
 # passes keeps the failure with the clause, whatever else the case carries).
 VARIANT_CLAUSE_KEYWORDS = {
@@ -94,9 +96,11 @@ class Attribution:
                 same = np.concatenate([v] * -(-dk // v.shape[-1]), axis=-1)[..., :dk]
                 yield "sdpa.value-dim", "with Dv = Dk", derived("Dv = Dk", v=same)
 
-    def _passes(self, case: Case, impl=None) -> bool:
+    def _passes(self, case: Case, impl=None, alignment: str | None = None) -> bool:
         """Whether the implementation (or ``impl``, the same with another LAYOUT) passes ``case`` (values within the
-        tolerance); False when it cannot tell.
+        tolerance); False when it cannot tell. ``alignment``: judged against the oracle of that SEQUENCE_ALIGNMENT
+        instead of the declared one (sdpa_varlen, sdpa_paged; fully masked rows then under the implementation's one
+        policy, or zeros).
 
         Records nothing and never skips: a probe for the attribution only.
         """
@@ -105,13 +109,16 @@ class Attribution:
         if impl.unsupported_reason(case.op, inputs, self.dtype, self.device):
             return False
         try:
-            got = call_with_limit(impl, case.label, impl.call, case.op, _copies(case.arrays(inputs)),
-                                  case.options(), self.device, limit=self.call_limit())
-            policy = self.policy(case, inputs)
-            want = expected_output(case, inputs, policy)
+            got = canonical_output(case.op, call_with_limit(impl, case.label, impl.call, case.op,
+                                                            _copies(case.arrays(inputs)), case.options(), self.device,
+                                                            limit=self.call_limit()))
+            policy = self.policy(case, inputs) if alignment is None else (self.impl.uniform_policy or "zeros")
+            alignment = alignment or self.alignment
+            want = expected_output(case, inputs, policy, alignment)
             if not _is_array(got) or got.shape != want.shape or dtype_name(got.dtype) != self.dtype:
                 return False
-            allowed = np.broadcast_to(self.allowed(case, inputs, policy), want.shape)
+            allowed = np.broadcast_to(allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32,
+                                                    alignment=alignment), want.shape)
         except Exception:  # noqa: BLE001 -- raised or hung: no evidence either way
             return False
         got = np.asarray(got, dtype=np.float64)
@@ -124,6 +131,8 @@ class Attribution:
         """(clause, how) when the case passes with one feature the test is not about taken out."""
         if case.op == "softmax" or _size(inputs) > self.DIAGNOSIS_MAX_ELEMENTS or getattr(self.impl, "hung_on", None):
             return None
+        if case.op in SEQUENCE_OPS:
+            return self._alignment_fault(case)
         layout = self._layout_fault(case)
         if layout:
             return layout  # every clause the case was drawn for fails in the wrong layout
@@ -146,6 +155,22 @@ class Attribution:
             return None
         return (LAYOUT_CLAUSE, f"with q, k, v handed as {LAYOUT_SHAPES[other]} (LAYOUT {other!r}) instead of the "
                                f"declared {LAYOUT_SHAPES[declared]} (LAYOUT {declared!r})")
+
+    def _alignment_fault(self, case: Case) -> tuple[str, str] | None:
+        """sdpa_varlen, sdpa_paged: (its alignment clause, how) when the failing case passes against the oracle of the
+        other SEQUENCE_ALIGNMENT: each sequence's queries placed top-left where bottom-right is declared (or the other
+        way round). Only where the alignment moves something (is_causal, a window or ALiBi, a sequence with Lq != Lk)
+        and the case was not drawn for that clause."""
+        clause = ALIGNMENT_CLAUSES[case.op]
+        inputs = case.inputs
+        if clause in case.clauses or not (inputs.get("is_causal") or inputs.get("window") is not None
+                                          or inputs.get("alibi_slopes") is not None):
+            return None
+        other = next(a for a in SEQUENCE_ALIGNMENTS if a != self.alignment)
+        if not self._passes(case, alignment=other):
+            return None
+        return clause, (f"against each sequence's queries aligned {other} instead of the declared {self.alignment} "
+                        "(SEQUENCE_ALIGNMENT)")
 
     @staticmethod
     def _own_probe(case: Case) -> Case | None:

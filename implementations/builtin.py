@@ -67,6 +67,83 @@ def _positions_allowed(lq, lk, is_causal=False, window=None, query_offset=0, key
                                     key_leftpad=leftpad)
 
 
+# ------------------------------------------------------------------ packed and paged batches (issue 25)
+# sdpa_varlen and sdpa_paged (README "The contract"). The built-ins compute them as document masking does (flex's
+# idiom; what FlashAttention's kernels do tile by tile): one attention over every packed query row and key row,
+# keeping a key only for a query of its own sequence, at the positions SEQUENCE_ALIGNMENT gives; not sequence by
+# sequence as the oracle defines them, so the suite compares two formulations. Sequence structure (offsets, used
+# lengths, block tables) is read on the host, as kernels read it before launch.
+def _packed_positions(cu_seqlens_q, cu_seqlens_k, seqused_k=None, alignment: str = "bottom-right"):
+    """(query sequence, query position, key sequence, key position, key used) per packed row: query row t of
+    sequence b sits at t - cu_seqlens_q[b] + (Lk_b - Lq_b) bottom-right (+ 0 top-left), key row s at s -
+    cu_seqlens_k[b]; a key is used while its position is below seqused_k[b] (all of the sequence's without it)."""
+    starts_q, starts_k = _host_ints(cu_seqlens_q).reshape(-1), _host_ints(cu_seqlens_k).reshape(-1)
+    rows_q, rows_k = np.arange(starts_q[-1]), np.arange(starts_k[-1])
+    query_seq = np.searchsorted(starts_q, rows_q, side="right") - 1
+    key_seq = np.searchsorted(starts_k, rows_k, side="right") - 1
+    keys = np.diff(starts_k) if seqused_k is None else _host_ints(seqused_k).reshape(-1)
+    offset = keys - np.diff(starts_q) if alignment == "bottom-right" else np.zeros_like(keys)
+    key_position = rows_k - starts_k[key_seq]
+    return (query_seq, rows_q - starts_q[query_seq] + offset[query_seq], key_seq, key_position,
+            key_position < keys[key_seq])
+
+
+def _sequence_keep(query_position, key_position, is_causal: bool, window) -> np.ndarray:
+    """The causal band and the window of positions (any broadcastable shapes): which keys a query keeps."""
+    keep = np.ones(np.broadcast_shapes(np.shape(query_position), np.shape(key_position)), dtype=bool)
+    if is_causal:
+        keep &= key_position <= query_position
+    left, right = window if window is not None else (None, None)
+    if left is not None:
+        keep &= key_position >= query_position - int(left)
+    if right is not None:
+        keep &= key_position <= query_position + int(right)
+    return keep
+
+
+def _document_mask(cu_seqlens_q, cu_seqlens_k, seqused_k, is_causal, window, alibi_slopes, hq: int,
+                   alignment: str = "bottom-right") -> np.ndarray:
+    """sdpa_varlen as one sdpa mask over the packed rows, (1, 1, total_q, total_k) boolean, or with ALiBi (1, Hq,
+    total_q, total_k) float64: -slope[b, h] * |position distance| on the kept keys, -inf elsewhere (ALiBi comes
+    after softcap in sdpa.variant-order, as a float mask does)."""
+    query_seq, query_position, key_seq, key_position, used = _packed_positions(cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                                              alignment)
+    keep = (query_seq[:, None] == key_seq[None, :]) & used[None, :] \
+        & _sequence_keep(query_position[:, None], key_position[None, :], is_causal, window)
+    if alibi_slopes is None:
+        return keep[None, None]
+    slopes = _host_floats(alibi_slopes)
+    per_row = (slopes[query_seq] if slopes.ndim == 2 else np.broadcast_to(slopes, (len(query_seq), hq))).T
+    distance = np.abs(query_position[:, None] - key_position[None, :])
+    return np.where(keep, -per_row[:, :, None] * distance, -np.inf)[None]
+
+
+def _paged_gather(cache, block_table):
+    """Every page of each sequence's table, in table order: (B, max_blocks * block_size, Hkv, D) (the unused entries
+    of a table name some page: gathered, then masked by seqused_k)."""
+    table = _host_ints(block_table)
+    gathered = cache[table.reshape(-1)] if isinstance(cache, np.ndarray) else cache[table.reshape(-1).tolist()]
+    return gathered.reshape((table.shape[0], table.shape[1] * cache.shape[1]) + tuple(cache.shape[2:]))
+
+
+def _paged_mask(seqused_k, lq: int, keys: int, is_causal, window, alibi_slopes, hq: int,
+                alignment: str = "bottom-right") -> np.ndarray:
+    """sdpa_paged's mask over the gathered keys, (B, 1, Lq, keys) boolean, or with ALiBi (B, Hq, Lq, keys) float64."""
+    used = _host_ints(seqused_k).reshape(-1, 1, 1, 1)
+    query_position = np.arange(lq).reshape(1, 1, lq, 1) + ((used - lq) if alignment == "bottom-right" else 0)
+    key_position = np.arange(keys).reshape(1, 1, 1, keys)
+    keep = (key_position < used) & _sequence_keep(query_position, key_position, is_causal, window)
+    if alibi_slopes is None:
+        return keep
+    slopes = _host_floats(alibi_slopes)
+    slopes = slopes.reshape((1,) * (2 - slopes.ndim) + slopes.shape + (1, 1))
+    return np.where(keep, -slopes * np.abs(query_position - key_position), -np.inf)
+
+
+def _host_floats(x) -> np.ndarray:
+    return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(np.float64)
+
+
 def _sink_4d(learnable_sink, hq: int):
     """The learnable sink logits (Hq,) as (1, Hq, 1, 1), in their own array type (sdpa.learnable-sink)."""
     if tuple(learnable_sink.shape) != (hq,):
@@ -250,6 +327,27 @@ class NumpyNative:
                 total = total + np.exp((sink - row_max).astype(dtype)).astype(dtype)
         weights = (e / np.where(empty, 1, total.astype(dtype))).astype(dtype)
         return (weights @ v).astype(dtype)
+
+    @classmethod
+    def sdpa_varlen(cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                    scale=None, *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
+        # Document masking: one sdpa over the packed rows (batch 1), the sequences kept apart by the mask.
+        mask = _document_mask(cu_seqlens_q, cu_seqlens_k, seqused_k, is_causal, window, alibi_slopes, q.shape[1])
+        out = cls.sdpa(np.swapaxes(q, 0, 1)[None], np.swapaxes(k, 0, 1)[None], np.swapaxes(v, 0, 1)[None],
+                       mask=mask if mask.dtype == np.bool_ else mask.astype(q.dtype),
+                       scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, softcap=softcap,
+                       learnable_sink=learnable_sink)
+        return np.ascontiguousarray(np.swapaxes(out[0], 0, 1))
+
+    @classmethod
+    def sdpa_paged(cls, q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
+                   softcap=None, alibi_slopes=None, learnable_sink=None):
+        # Each sequence's pages gathered into a padded batch, the keys past seqused_k masked.
+        k = np.swapaxes(_paged_gather(k_cache, block_table), 1, 2)
+        v = np.swapaxes(_paged_gather(v_cache, block_table), 1, 2)
+        mask = _paged_mask(seqused_k, q.shape[2], k.shape[2], is_causal, window, alibi_slopes, q.shape[1])
+        return cls.sdpa(q, k, v, mask=mask if mask.dtype == np.bool_ else mask.astype(q.dtype), scale=scale,
+                        softcap=softcap, learnable_sink=learnable_sink)
 
     @classmethod
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
