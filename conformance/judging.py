@@ -435,12 +435,17 @@ class Judge(Containment, Attribution):
                 else "the canonical 'zeros'"
             causes = self.row_causes(case, inputs)
             cause = str(np.broadcast_to(causes[..., None], got.shape)[index]) if causes.ndim else ""
-            self.fail(
-                "mask.fully-masked-row", case, inputs,
-                f"{int(empty.sum())} fully masked row(s) do not follow the policy declared for them; the first, "
-                f"emptied by {cause or 'its mask'}, does not follow {declared}",
-                f"{self.element(case, inputs, index)}: got {got[index]:.9g}, policy gives {want[index]:.9g}",
-            )
+            problem = (f"{int(empty.sum())} fully masked row(s) do not follow the policy declared for them; the first, "
+                       f"emptied by {cause or 'its mask'}, does not follow {declared}")
+            clause = "mask.fully-masked-row"
+            # A packed or paged case's rows without keys are where its sequences' alignment puts them: one that passes
+            # against the other alignment is that clause's fault.
+            misaligned = self._alignment_fault(case, drawn_for_it=True) if case.op in SEQUENCE_OPS else None
+            if misaligned:
+                clause, problem = misaligned[0], f"{problem}; the same case passes {misaligned[1]}"
+            self.fail(clause, case, inputs, problem,
+                      f"{self.element(case, inputs, index)}: got {got[index]:.9g}, policy gives {want[index]:.9g}",
+                      drawn_for="mask.fully-masked-row" if misaligned else None)
 
     def check(self, case: Case, clause: str | None = None) -> tuple[np.ndarray, dict]:
         """Run and judge in one step; returns the output (float64) and the rounded inputs."""
