@@ -144,6 +144,27 @@ def _host_floats(x) -> np.ndarray:
     return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(np.float64)
 
 
+def _bucket(n: int, least: int) -> int:
+    """The bucket a size is padded to for a compiling path: the next power of two, at least ``least``, so that XLA
+    compiles once per bucket, not once per packed length or cache size (what serving stacks do for CUDA graphs)."""
+    return max(least, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def _padded(array: np.ndarray, shape: tuple[int, ...], fill=0) -> np.ndarray:
+    """``array`` in the leading corner of an array of ``shape`` filled with ``fill``."""
+    out = np.full(shape, fill, dtype=array.dtype)
+    out[tuple(slice(0, n) for n in array.shape)] = array
+    return out
+
+
+def _per_row_slopes(alibi_slopes, query_seq: np.ndarray, hq: int) -> np.ndarray:
+    """(Hq, rows): each packed query row's ALiBi slopes (its sequence's row of (B, Hq), or the (Hq,) ones); 0 without."""
+    if alibi_slopes is None:
+        return np.zeros((hq, len(query_seq)))
+    slopes = _host_floats(alibi_slopes)
+    return (slopes[query_seq] if slopes.ndim == 2 else np.broadcast_to(slopes, (len(query_seq), hq))).T
+
+
 def _sink_4d(learnable_sink, hq: int):
     """The learnable sink logits (Hq,) as (1, Hq, 1, 1), in their own array type (sdpa.learnable-sink)."""
     if tuple(learnable_sink.shape) != (hq,):
@@ -1089,6 +1110,106 @@ class JaxNumpy:
         # The projections too: "highest" makes every float32 matmul of the traced program full precision.
         with jax.default_matmul_precision("highest"):
             return _jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal)
+
+    # Packed and paged batches (issue 25): one jitted program each, whatever the variants (every option an array,
+    # neutral where unused), fed arrays padded on the host to bucket sizes (_bucket; head dims to a multiple of 8,
+    # zeros that change no dot product): a new packed length, cache size or head dim costs no compile within its
+    # bucket. The sequences' structure (offsets, used lengths, the alignment) is read on the host into a keep mask
+    # and the ALiBi distances; the pages are gathered in the program through the block table.
+    @staticmethod
+    def _options(q, scale, softcap, learnable_sink, hq: int):
+        dk = q.shape[-1]
+        sink = np.full(hq, -np.inf) if learnable_sink is None else _host_floats(learnable_sink)
+        return dict(scale=np.float64(1.0 / math.sqrt(dk) if scale is None else scale), sink=sink,
+                    cap=np.float64(1.0 if softcap is None else softcap), capped=np.bool_(softcap is not None))
+
+    @staticmethod
+    def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None, *,
+                    seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
+        import jax.numpy as jnp
+
+        qh, kh, vh = np.asarray(q), np.asarray(k), np.asarray(v)
+        (rows, hq, dk), (cols, hkv, dv) = qh.shape, vh.shape
+        query_seq, query_position, key_seq, key_position, used = _packed_positions(cu_seqlens_q, cu_seqlens_k,
+                                                                                    seqused_k)
+        keep = (query_seq[:, None] == key_seq[None, :]) & used[None, :] \
+            & _sequence_keep(query_position[:, None], key_position[None, :], is_causal, window)
+        distance = np.abs(query_position[:, None] - key_position[None, :]).astype(np.float64)
+        r, c, dk8, dv8 = _bucket(rows, 8), _bucket(cols, 8), -(-dk // 8) * 8, -(-dv // 8) * 8
+        out = _jitted(JaxNumpy._packed)(
+            _padded(qh, (r, hq, dk8)), _padded(kh, (c, hkv, dk8)), _padded(vh, (c, hkv, dv8)),
+            _padded(keep, (r, c), False), _padded(distance, (r, c)),
+            _padded(_per_row_slopes(alibi_slopes, query_seq, hq), (hq, r)),
+            **JaxNumpy._options(qh, scale, softcap, learnable_sink, hq))
+        return jnp.asarray(np.asarray(out)[:rows, :, :dv])
+
+    @staticmethod
+    def _packed(q, k, v, keep, distance, slopes, sink, scale, cap, capped):
+        """q (R, Hq, Dk), k (C, Hkv, Dk), v (C, Hkv, Dv), keep and distance (R, C), slopes (Hq, R), sink (Hq,)."""
+        import jax.numpy as jnp
+
+        group = q.shape[1] // k.shape[1]
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+        scores = jnp.einsum("qhd,khd->hqk", q, k, precision="highest") * scale.astype(q.dtype)
+        return jnp.einsum("hqk,khd->qhd", JaxNumpy._sequence_weights(
+            scores, keep[None], (slopes[:, :, None] * distance[None]), sink[:, None, None], cap, capped, q.dtype),
+            v, precision="highest")
+
+    @staticmethod
+    def _sequence_weights(scores, keep, bias, sink, cap, capped, dtype):
+        """softcap (where ``capped``), the ALiBi ``bias`` subtracted, the removed keys -inf, then the softmax with the
+        sink logit (-inf: none) in its maximum and normaliser; a row without keys gives 0."""
+        import jax.numpy as jnp
+
+        cap = cap.astype(scores.dtype)
+        scores = jnp.where(capped, jnp.tanh(scores / cap) * cap, scores)
+        scores = jnp.where(keep, scores - bias.astype(scores.dtype), -jnp.inf)
+        sink = sink.astype(scores.dtype)
+        top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
+        top = jnp.where(jnp.isfinite(top), top, 0)
+        e = jnp.exp(scores - top)
+        total = jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top)
+        return (e / jnp.where(total > 0, total, 1)).astype(dtype)
+
+    @staticmethod
+    def sdpa_paged(q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
+                   softcap=None, alibi_slopes=None, learnable_sink=None):
+        import jax.numpy as jnp
+
+        qh, kc, vc = np.asarray(q), np.asarray(k_cache), np.asarray(v_cache)
+        table = _host_ints(block_table).astype(np.int32)
+        (b, hq, lq, dk), (pages, block, hkv, dv) = qh.shape, vc.shape
+        keys = table.shape[1] * block
+        keep = _paged_mask(seqused_k, lq, keys, is_causal, window, None, hq)[:, 0]
+        used = _host_ints(seqused_k).reshape(-1, 1, 1)
+        distance = np.abs(np.arange(lq).reshape(1, lq, 1) + (used - lq) - np.arange(keys).reshape(1, 1, keys))
+        slopes = np.zeros((b, hq)) if alibi_slopes is None else np.broadcast_to(_host_floats(alibi_slopes), (b, hq))
+        bb, ll, pp, mb = _bucket(b, 4), _bucket(lq, 8), _bucket(pages, 8), _bucket(table.shape[1], 4)
+        dk8, dv8 = -(-dk // 8) * 8, -(-dv // 8) * 8
+        out = _jitted(JaxNumpy._paged)(
+            _padded(qh, (bb, hq, ll, dk8)), _padded(kc, (pp, block, hkv, dk8)), _padded(vc, (pp, block, hkv, dv8)),
+            _padded(table, (bb, mb)), _padded(keep, (bb, ll, mb * block), False),
+            _padded(distance.astype(np.float64), (bb, ll, mb * block)), _padded(np.asarray(slopes), (bb, hq)),
+            **JaxNumpy._options(qh, scale, softcap, learnable_sink, hq))
+        return jnp.asarray(np.asarray(out)[:b, :, :lq, :dv])
+
+    @staticmethod
+    def _paged(q, k_cache, v_cache, table, keep, distance, slopes, sink, scale, cap, capped):
+        """q (B, Hq, Lq, Dk), caches (pages, block, Hkv, D), table (B, max_blocks), keep and distance (B, Lq, keys)."""
+        import jax.numpy as jnp
+
+        b, blocks = table.shape
+
+        def gathered(cache):  # (B, Hkv, blocks * block, D): each sequence's pages in table order
+            pages = jnp.take(cache, table.reshape(-1), axis=0)
+            return jnp.swapaxes(pages.reshape(b, blocks * cache.shape[1], *cache.shape[2:]), 1, 2)
+
+        group = q.shape[1] // k_cache.shape[2]
+        k, v = jnp.repeat(gathered(k_cache), group, axis=1), jnp.repeat(gathered(v_cache), group, axis=1)
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision="highest") * scale.astype(q.dtype)
+        weights = JaxNumpy._sequence_weights(scores, keep[:, None], slopes[:, :, None, None] * distance[:, None],
+                                             sink[None, :, None, None], cap, capped, q.dtype)
+        return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision="highest")
 
 
 class JaxCuDNNAttention:
