@@ -819,6 +819,110 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
             raise NotImplementedError("flex_attention has no backward on the CPU (torch 2.13)")
         return super().sdpa(q, k, v, *args, **kwargs)
 
+    # Packed and paged batches (issue 25), in flex's own idioms: document masking for sdpa_varlen (a mask_mod keeping
+    # a key only for a query of the same sequence, on per-row sequence ids and positions), and torch's PagedAttention
+    # for sdpa_paged (torch/nn/attention/experimental/_paged_attention.py: a logical BlockMask converted to the
+    # physical pages of the cache, whose mask_mod and score_mod map each physical key back to its logical position
+    # and mask the slots past seqused_k). Each has one structure of mods whatever the options (every option a tensor,
+    # neutral where unused), as _mods above, so eager flex traces it once.
+    @staticmethod
+    def _sequence_mods(device, dtype, is_causal, window, softcap):
+        """The band, window and softcap of a sequence's positions as tensors (neutral where unused)."""
+        import torch
+
+        whole = dict(dtype=torch.int64, device=device)
+        beyond = 1 << 30
+        left, right = window if window is not None else (None, None)
+        return dict(causal=torch.tensor(bool(is_causal), device=device),
+                    left=torch.tensor(beyond if left is None else int(left), **whole),
+                    right=torch.tensor(beyond if right is None else int(right), **whole),
+                    capped=torch.tensor(softcap is not None, device=device),
+                    cap=torch.tensor(1.0 if softcap is None else float(softcap), dtype=dtype, device=device))
+
+    @staticmethod
+    def _keep(o, p, j):
+        """Whether query position p keeps key position j (tensors), by the band and the window in ``o``."""
+        return ((j <= p) | ~o["causal"]) & (j >= p - o["left"]) & (j <= p + o["right"])
+
+    @staticmethod
+    def _capped(o, score):
+        import torch
+
+        return torch.where(o["capped"], torch.tanh(score / o["cap"]) * o["cap"], score)
+
+    @classmethod
+    def _with_sink(cls, q, k, v, block_mask, score_mod, scale, learnable_sink, hq: int):
+        """flex's output, rescaled by its log-sum-exp for a learnable sink as the sdpa path does."""
+        import torch
+
+        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=hq != k.shape[1])
+        if learnable_sink is None:
+            return cls._flex()(q, k, v, **kwargs)
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        out, aux = cls._flex()(q, k, v, return_aux=AuxRequest(lse=True), **kwargs)
+        sink = _sink_4d(learnable_sink, hq)[..., 0].to(device=aux.lse.device, dtype=aux.lse.dtype)
+        return (out * torch.sigmoid(aux.lse - sink)[..., None].to(out.dtype)).to(q.dtype)
+
+    @classmethod
+    def sdpa_varlen(cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                    scale=None, *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        device, hq = q.device, q.shape[1]
+        rows = [torch.as_tensor(x, device=device) for x in _packed_positions(cu_seqlens_q, cu_seqlens_k, seqused_k)]
+        query_seq, query_position, key_seq, key_position, used = rows
+        slopes = torch.as_tensor(_per_row_slopes(alibi_slopes, rows[0].cpu().numpy(), hq), dtype=q.dtype,
+                                 device=device)  # (Hq, total_q)
+        o = cls._sequence_mods(device, q.dtype, is_causal, window, softcap)
+
+        def document(bi, h, qi, ki):  # a key counts for a query of its own sequence only
+            return (query_seq[qi] == key_seq[ki]) & used[ki] & cls._keep(o, query_position[qi], key_position[ki])
+
+        def score_mod(score, bi, h, qi, ki):
+            return cls._capped(o, score) - slopes[h, qi] * (query_position[qi] - key_position[ki]).abs()
+
+        total_q, total_k = q.shape[0], k.shape[0]
+        block_mask = create_block_mask(document, 1, None, total_q, total_k, device=device)
+        out = cls._with_sink(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask,
+                             score_mod, scale, learnable_sink, hq)
+        return out[0].transpose(0, 1).contiguous()
+
+    @classmethod
+    def sdpa_paged(cls, q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
+                   softcap=None, alibi_slopes=None, learnable_sink=None):
+        import torch
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        device, (b, hq, lq, _), (pages, block, hkv, _) = q.device, q.shape, k_cache.shape
+        table, used = _host_ints(block_table), _host_ints(seqused_k).reshape(-1)
+        paged = PagedAttention(pages, block, b, device=str(device))
+        for row in range(b):  # each sequence's used pages: physical page -> its logical block
+            n = -(-int(used[row]) // block)
+            paged.page_table[row, :n] = torch.as_tensor(table[row, :n], device=device)
+            paged.physical_to_logical[row, torch.as_tensor(table[row, :n], device=device)] = torch.arange(n)
+        lengths = torch.as_tensor(used, device=device)
+        offset = lengths - lq  # bottom-right: query row i at i + seqused_k[b] - Lq
+        slopes = torch.zeros((b, hq), dtype=q.dtype, device=device) if alibi_slopes is None \
+            else _slopes_4d(alibi_slopes, hq)[..., 0, 0].to(q.dtype).expand(b, hq)
+        o = cls._sequence_mods(device, q.dtype, is_causal, window, softcap)
+
+        def logical(bi, h, qi, ki):
+            return cls._keep(o, qi + offset[bi], ki)
+
+        def score_mod(score, bi, h, qi, ki):
+            return cls._capped(o, score) - slopes[bi, h] * (qi + offset[bi] - ki).abs()
+
+        logical_mask = create_block_mask(logical, b, None, lq, table.shape[1] * block, device=device,
+                                         BLOCK_SIZE=(128, block))
+        block_mask = paged.convert_logical_block_mask(logical_mask, kv_len=lengths)
+        physical = [cache.permute(2, 0, 1, 3).reshape(1, hkv, pages * block, cache.shape[3])
+                    for cache in (k_cache, v_cache)]
+        return cls._with_sink(q, *physical, block_mask, paged.get_score_mod(score_mod, kv_len=lengths), scale,
+                              learnable_sink, hq)
+
 
 class TorchMultiheadAttentionModule:
     """torch.nn.MultiheadAttention, its conventions translated to the contract.
