@@ -835,13 +835,12 @@ def _sequence_scores(op: str, inputs: dict, hq: int) -> np.ndarray:
 
 @st.composite
 def varlen_cases(draw, *, clauses=("varlen.definition",), causal=st.booleans(), scale=SCALES, variants=(),
-                 seqused=st.booleans(), unequal: bool = False, min_sequences: int = 1,
-                 sigmas=tuple(SCORE_SIGMAS)) -> Case:
+                 seqused=st.booleans(), unequal: bool = False, sigmas=tuple(SCORE_SIGMAS)) -> Case:
     """An sdpa_varlen case: B sequences packed along the token axis (SEQUENCE_PATTERNS at a covering corner).
 
     ``variants``: names of SEQUENCE_VARIANT_NAMES each drawn where the implementation runs it; ``seqused``: whether
     to pass seqused_k (then each sequence gets 0 to 2 unused key rows of garbage); ``unequal``: at least one
-    sequence with Lq_b != Lk_b, both > 0 (where the alignments differ); ``min_sequences``: the fewest sequences."""
+    sequence with Lq_b != Lk_b, both > 0 (where the alignments differ)."""
     region = active_region()
     hkv, hq = _sequence_heads(draw, region)
     dk, dv = _sequence_dims(draw, region)
@@ -850,7 +849,7 @@ def varlen_cases(draw, *, clauses=("varlen.definition",), causal=st.booleans(), 
     if index is not None:
         pairs = [tuple(p) for p in SEQUENCE_PATTERNS[index % len(SEQUENCE_PATTERNS)]]
     else:
-        count = draw(st.integers(min_sequences, MAX_SEQUENCES), label="sequences")
+        count = draw(st.integers(1, MAX_SEQUENCES), label="sequences")
         pairs = [(draw(_sequence_lengths(MAX_SEQUENCE_LEN), label="Lq_b"),
                   draw(_sequence_lengths(MAX_SEQUENCE_LEN), label="Lk_b")) for _ in range(count)]
         if draw(st.integers(0, 3), label="a sequence past a tile") == 0:
