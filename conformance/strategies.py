@@ -728,7 +728,7 @@ SEQUENCE_PATTERNS = (
     ((3, 5), (0, 4), (5, 2), (4, 0)),
     ((1, 7), (4, 0), (6, 3)),
     ((5, 2), (0, 0), (2, 6), (3, 3)),
-    ((7, 7), (0, 3), (2, 5)),
+    ((7, 7), (0, 3), (5, 2)),
     ((2, 2), (6, 1), (0, 5), (3, 0)),
 )
 # (block_size, seqused_k per sequence, Lq, shared pages): a page boundary at the last key of one sequence, a partial
