@@ -25,6 +25,10 @@ key_lengths; learnable_sink, sink_token_length, attention_chunk, key_leftpad; RE
 contract") are in the signature of every path that can express them; a path without one is
 unsupported on the cases that use it (README, "What the built-ins taught us", says which and why).
 
+Packed batches and paged KV caches (sdpa_varlen, sdpa_paged; issue 25): numpy_native (document masking over the
+packed rows, pages gathered into a padded batch), jax_numpy (the same, jitted once per bucket of padded sizes, pages
+gathered in the program) and torch_flex_cpu (flex's document masking, torch's PagedAttention over flex).
+
 What each CUDA path refuses (SUPPORTS) and gets wrong (KNOWN_DEVIATIONS) was measured on
 an H100 (torch 2.11.0+cu130, jax 0.11.2; benchmarks/gpu_probe.py and the suite's GPU runs,
 README "GPU").
