@@ -159,12 +159,13 @@ class Attribution:
     def _alignment_fault(self, case: Case, drawn_for_it: bool = False) -> tuple[str, str] | None:
         """sdpa_varlen, sdpa_paged: (its alignment clause, how) when the failing case passes against the oracle of the
         other SEQUENCE_ALIGNMENT: each sequence's queries placed top-left where bottom-right is declared (or the other
-        way round). Only where the alignment moves something (is_causal, a window or ALiBi) and, unless
-        ``drawn_for_it`` (a fully masked row's verdict, which names the alignment also in a case drawn for it), the
-        case was not drawn for that clause."""
+        way round). Whatever the case was drawn for (a misplaced band is the alignment's fault, also in a fixture
+        about a page boundary), where the alignment moves something (is_causal, a window or ALiBi); not asked, unless
+        ``drawn_for_it`` (a fully masked row's verdict), of a case whose first clause is the alignment's: the failure
+        is filed there already."""
         clause = ALIGNMENT_CLAUSES[case.op]
         inputs = case.inputs
-        if (clause in case.clauses and not drawn_for_it) or not (
+        if (case.clauses[0] == clause and not drawn_for_it) or not (
                 inputs.get("is_causal") or inputs.get("window") is not None or inputs.get("alibi_slopes") is not None):
             return None
         other = next(a for a in SEQUENCE_ALIGNMENTS if a != self.alignment)
