@@ -218,12 +218,7 @@ def _check_shapes(fx: Fixture) -> np.ndarray:
         for name, limit in (("query_lengths", lq), ("key_lengths", k.shape[2]), ("key_leftpad", k.shape[2])):
             if name in inputs and (inputs[name].shape != (b,) or (inputs[name] > limit).any()):
                 fail(f"inputs.{name}", f"{inputs[name].tolist()}: {b} length(s) (B,) each at most {limit} expected")
-        slopes = inputs.get("alibi_slopes")
-        if slopes is not None and slopes.shape not in ((hq,), (b, hq)):
-            fail("inputs.alibi_slopes", f"shape {slopes.shape}; (Hq,) = ({hq},) or (B, Hq) = ({b}, {hq}) expected")
-        sink = inputs.get("learnable_sink")
-        if sink is not None and (sink.shape != (hq,) or not np.isfinite(sink).all()):
-            fail("inputs.learnable_sink", f"{sink.tolist()}: (Hq,) = ({hq},) finite logits expected")
+        _check_head_parameters(inputs, b, hq, fail)
         if "v" in inputs and inputs["v"].shape[:3] != k.shape[:3]:
             fail("inputs.v", f"shape {inputs['v'].shape} does not fit k {k.shape} (same B, Hkv, Lk)")
         if "mask" in inputs:
@@ -296,7 +291,11 @@ def _check_sequence_shapes(fx: Fixture, fail) -> None:
             fail("inputs.block_table", f"{table.tolist()}: (B, max_blocks) page indices below {cache.shape[0]} expected")
         if used.shape != (b,) or (used > table.shape[1] * cache.shape[1]).any():
             fail("inputs.seqused_k", f"{used.tolist()}: (B,) each at most max_blocks * block_size expected")
-    hq = q.shape[1]
+    _check_head_parameters(inputs, b, q.shape[1], fail)
+
+
+def _check_head_parameters(inputs: dict, b: int, hq: int, fail) -> None:
+    """ALiBi slopes (Hq,) or (B, Hq) and learnable sink logits (Hq,), finite."""
     slopes = inputs.get("alibi_slopes")
     if slopes is not None and slopes.shape not in ((hq,), (b, hq)):
         fail("inputs.alibi_slopes", f"shape {slopes.shape}; (Hq,) = ({hq},) or (B, Hq) = ({b}, {hq}) expected")

@@ -563,6 +563,26 @@ def _lengths(limit: int):
     return st.sampled_from(sorted({0, 1, limit})) | st.integers(0, limit)
 
 
+def _softcap(draw, top: float, words: list[str]) -> float:
+    """A softcap of SOFTCAP_RATIOS times the case's largest |score| ``top``; its label word appended to ``words``."""
+    ratio = draw(st.sampled_from(SOFTCAP_RATIOS), label="softcap / max |score|")
+    # Kept within 1e-2 .. 6e4: a softcap a 16-bit implementation rounds to its dtype stays normal and finite.
+    cap = float(np.clip(max(top, 1e-3) * ratio, 1e-2, 6e4))
+    words.append(f"softcap={cap:.3g} ({ratio}x max score)")
+    return cap
+
+
+def _alibi_slopes(draw, b: int, hq: int, per_row: str, words: list[str]) -> np.ndarray:
+    """ALiBi slopes: geometric (Hq,), random over three decades (Hq,), or random per example / sequence (B, Hq) (the
+    form named ``per_row``); the label word appended to ``words``."""
+    form = draw(st.sampled_from(["geometric", "random", per_row]), label="ALiBi slopes")
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="slopes seed"))
+    words.append(f"alibi={form}")
+    if form == "geometric":  # Press et al.: 2^(-8h/H), h = 1..H
+        return 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
+    return 10.0 ** rng.uniform(-3, 0, size=(b, hq) if form == per_row else (hq,))  # mixed magnitudes, 1e-3 .. 1
+
+
 @st.composite
 def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), mask_kinds=("none",),
                   causal=st.booleans(), gqa: bool = True, scale=st.none(), same_lengths: bool = False,
@@ -592,19 +612,9 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
     if "softcap" in variants:
         scale_value = inputs.get("scale", q.shape[-1] ** -0.5)
         top = float(np.max(np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, hq), -1, -2) * scale_value), initial=0.0))
-        ratio = draw(st.sampled_from(SOFTCAP_RATIOS), label="softcap / max |score|")
-        # Kept within 1e-2 .. 6e4: a softcap a 16-bit implementation rounds to its dtype stays normal and finite.
-        inputs["softcap"] = float(np.clip(max(top, 1e-3) * ratio, 1e-2, 6e4))
-        words.append(f"softcap={inputs['softcap']:.3g} ({ratio}x max score)")
+        inputs["softcap"] = _softcap(draw, top, words)
     if "alibi_slopes" in variants:
-        form = draw(st.sampled_from(["geometric", "random", "per-example"]), label="ALiBi slopes")
-        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="slopes seed"))
-        if form == "geometric":  # Press et al.: 2^(-8h/H), h = 1..H
-            slopes = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
-        else:  # mixed magnitudes, 1e-3 .. 1
-            slopes = 10.0 ** rng.uniform(-3, 0, size=(b, hq) if form == "per-example" else (hq,))
-        inputs["alibi_slopes"] = slopes
-        words.append(f"alibi={form}")
+        inputs["alibi_slopes"] = _alibi_slopes(draw, b, hq, "per-example", words)
     if "lengths" in variants:
         inputs["key_lengths"] = np.array([draw(_lengths(lk), label="key length") for _ in range(b)], dtype=np.int32)
         words.append(f"key_lengths={inputs['key_lengths'].tolist()}")
@@ -796,24 +806,40 @@ def _sequence_variants(draw, op: str, inputs: dict, variants, b: int, hq: int, m
     if "softcap" in wanted or "learnable_sink" in wanted:
         scores = _sequence_scores(op, inputs, hq)
     if "softcap" in wanted:
-        finite = np.abs(scores[np.isfinite(scores)])
-        top = float(finite.max(initial=0.0))
-        ratio = draw(st.sampled_from(SOFTCAP_RATIOS), label="softcap / max |score|")
-        inputs["softcap"] = float(np.clip(max(top, 1e-3) * ratio, 1e-2, 6e4))
-        words.append(f"softcap={inputs['softcap']:.3g} ({ratio}x max score)")
+        inputs["softcap"] = _softcap(draw, float(np.abs(scores[np.isfinite(scores)]).max(initial=0.0)), words)
     if "alibi_slopes" in wanted:
-        form = draw(st.sampled_from(["geometric", "random", "per-sequence"]), label="ALiBi slopes")
-        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="slopes seed"))
-        if form == "geometric":
-            inputs["alibi_slopes"] = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
-        else:
-            inputs["alibi_slopes"] = 10.0 ** rng.uniform(-3, 0, size=(b, hq) if form == "per-sequence" else (hq,))
-        words.append(f"alibi={form}")
+        inputs["alibi_slopes"] = _alibi_slopes(draw, b, hq, "per-sequence", words)
     if "learnable_sink" in wanted:
         form = draw(st.sampled_from(SINK_FORMS), label="sink logits")
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="sink seed"))
         inputs["learnable_sink"] = _sink_logits(form, rng, _sequence_scores(op, inputs, hq))
         words.append(f"sink={form}")
+    return words
+
+
+def _sequence_shapes_inside(draw, op: str, sigmas, variants, **facts):
+    """Filter a packed or paged draw the region refuses on its shape facts before any value is drawn; then the score
+    magnitude and the values' seed: (magnitude name, seed, generator)."""
+    _keep_inside(draw, {"op": op, "mask_kind": "none", "variants": tuple(n for n in variants if variant_allowed(n)),
+                        **facts})
+    magnitudes = st.sampled_from(sigmas)
+    sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
+                                                                                      label="score magnitude")
+    seed = draw(st.integers(0, 2**32 - 1), label="values seed")
+    return sigma_name, seed, np.random.default_rng(seed)
+
+
+def _finish_sequence_case(draw, op: str, inputs: dict, variants, is_causal: bool, scale, hq: int,
+                          max_keys: int) -> list[str]:
+    """The options and per-sequence variants of a packed or paged case, then the region's last word on it; returns
+    the label's words of the variants."""
+    if is_causal:
+        inputs["is_causal"] = True
+    if scale is not None:
+        inputs["scale"] = float(scale)
+    sequences = len(inputs["cu_seqlens_q"]) - 1 if op == "sdpa_varlen" else inputs["q"].shape[0]
+    words = _sequence_variants(draw, op, inputs, variants, sequences, hq, max_keys)
+    _keep_inside(draw, shape_facts(op, inputs))
     return words
 
 
@@ -872,14 +898,9 @@ def varlen_cases(draw, *, clauses=("varlen.definition",), causal=st.booleans(), 
     use_seqused = (keywords is None or "seqused_k" in keywords) and draw(seqused, label="seqused_k")
     slack = [draw(st.integers(0, 2), label="unused keys") if use_seqused else 0 for _ in range(b)]
     lq_b, lk_b = [lq for lq, _ in pairs], [lk for _, lk in pairs]
-    _keep_inside(draw, {"op": "sdpa_varlen", "B": b, "Hq": hq, "Hkv": hkv, "Lq": max(lq_b), "Lk": max(lk_b),
-                        "Dk": dk, "Dv": dv, "is_causal": is_causal, "scale": chosen_scale, "mask_kind": "none",
-                        "variants": tuple(n for n in variants if variant_allowed(n))})
-    magnitudes = st.sampled_from(sigmas)
-    sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
-                                                                                      label="score magnitude")
-    seed = draw(st.integers(0, 2**32 - 1), label="values seed")
-    rng = np.random.default_rng(seed)
+    sigma_name, seed, rng = _sequence_shapes_inside(draw, "sdpa_varlen", sigmas, variants, B=b, Hq=hq, Hkv=hkv,
+                                                    Lq=max(lq_b), Lk=max(lk_b), Dk=dk, Dv=dv, is_causal=is_causal,
+                                                    scale=chosen_scale)
     starts_q = np.concatenate([[0], np.cumsum(lq_b)]).astype(np.int32)
     allocated = [lk + extra for lk, extra in zip(lk_b, slack)]
     starts_k = np.concatenate([[0], np.cumsum(allocated)]).astype(np.int32)
@@ -894,12 +915,7 @@ def varlen_cases(draw, *, clauses=("varlen.definition",), causal=st.booleans(), 
               "max_seqlen_k": int(max(allocated))}
     if use_seqused:
         inputs["seqused_k"] = np.asarray(lk_b, dtype=np.int32)
-    if is_causal:
-        inputs["is_causal"] = True
-    if chosen_scale is not None:
-        inputs["scale"] = float(chosen_scale)
-    words = _sequence_variants(draw, "sdpa_varlen", inputs, variants, b, hq, max(lk_b))
-    _keep_inside(draw, shape_facts("sdpa_varlen", inputs))
+    words = _finish_sequence_case(draw, "sdpa_varlen", inputs, variants, is_causal, chosen_scale, hq, max(lk_b))
     label = (f"B{b} Hq{hq}/Hkv{hkv} Dk{dk} Dv{dv} (Lq, Lk)={pairs}"
              f"{f' seqused_k={lk_b} unused={slack}' if use_seqused else ''}{' causal' if is_causal else ''}"
              f" scale={chosen_scale} scores~{sigma_name} {' '.join(words)} seed={seed}").replace("  ", " ")
@@ -937,14 +953,9 @@ def paged_cases(draw, *, clauses=("paged.definition",), causal=st.booleans(), sc
         used[0] = block + 1
     b = len(used)
     is_causal, chosen_scale = _sequence_options(draw, causal, scale)
-    _keep_inside(draw, {"op": "sdpa_paged", "B": b, "Hq": hq, "Hkv": hkv, "Lq": lq, "Lk": max(used), "Dk": dk,
-                        "Dv": dv, "is_causal": is_causal, "scale": chosen_scale, "mask_kind": "none",
-                        "variants": tuple(n for n in variants if variant_allowed(n))})
-    magnitudes = st.sampled_from(sigmas)
-    sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
-                                                                                      label="score magnitude")
-    seed = draw(st.integers(0, 2**32 - 1), label="values seed")
-    rng = np.random.default_rng(seed)
+    sigma_name, seed, rng = _sequence_shapes_inside(draw, "sdpa_paged", sigmas, variants, B=b, Hq=hq, Hkv=hkv, Lq=lq,
+                                                    Lk=max(used), Dk=dk, Dv=dv, is_causal=is_causal,
+                                                    scale=chosen_scale)
     pages = [-(-n // block) for n in used]
     spare = int(rng.integers(1, 4))  # pages no sequence uses
     num_blocks = sum(pages) + spare
@@ -974,12 +985,7 @@ def paged_cases(draw, *, clauses=("paged.definition",), causal=st.booleans(), sc
                 v_cache[page, slot] = rng.standard_normal((hkv, dv))
     inputs = {"q": _sequence_values(draw, rng, (b, hq, lq, dk), sigma_name, dk), "k_cache": k_cache,
               "v_cache": v_cache, "block_table": table, "seqused_k": np.asarray(used, dtype=np.int32)}
-    if is_causal:
-        inputs["is_causal"] = True
-    if chosen_scale is not None:
-        inputs["scale"] = float(chosen_scale)
-    words = _sequence_variants(draw, "sdpa_paged", inputs, variants, b, hq, max(used))
-    _keep_inside(draw, shape_facts("sdpa_paged", inputs))
+    words = _finish_sequence_case(draw, "sdpa_paged", inputs, variants, is_causal, chosen_scale, hq, max(used))
     label = (f"B{b} Hq{hq}/Hkv{hkv} Dk{dk} Dv{dv} Lq{lq} block_size={block} seqused_k={used} "
              f"pages={num_blocks}{sharing}{' causal' if is_causal else ''} scale={chosen_scale} scores~{sigma_name} "
              f"{' '.join(words)} seed={seed}").replace("  ", " ").rstrip()
