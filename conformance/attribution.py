@@ -132,7 +132,7 @@ class Attribution:
         if case.op == "softmax" or _size(inputs) > self.DIAGNOSIS_MAX_ELEMENTS or getattr(self.impl, "hung_on", None):
             return None
         if case.op in SEQUENCE_OPS:
-            return self._alignment_fault(case)
+            return (self._layout_fault(case) if case.op == "sdpa_paged" else None) or self._alignment_fault(case)
         layout = self._layout_fault(case)
         if layout:
             return layout  # every clause the case was drawn for fails in the wrong layout
@@ -145,9 +145,13 @@ class Attribution:
         return None
 
     def _layout_fault(self, case: Case) -> tuple[str, str] | None:
-        """sdpa: (contract.layout, how) when the case passes with q, k, v handed in the other LAYOUT, the
-        implementation computing in one axis order while it declares the other."""
-        if case.op != "sdpa" or case.inputs["k"].shape[2] < 2:
+        """sdpa (and sdpa_paged, whose q and output follow LAYOUT): (contract.layout, how) when the case passes with
+        q, k, v handed in the other LAYOUT, the implementation computing in one axis order while it declares the
+        other."""
+        if case.op == "sdpa_paged":
+            if min(case.inputs["q"].shape[1:3]) < 2:
+                return None  # one head or one query: q reads the same in either layout
+        elif case.op != "sdpa" or case.inputs["k"].shape[2] < 2:
             return None  # one key: every weight is 1 in either layout, the probe could not tell them apart
         declared = self.impl.layout
         other = next(layout for layout in LAYOUTS if layout != declared)

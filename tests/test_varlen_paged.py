@@ -214,8 +214,18 @@ class PagedBLHD:
 
 
 def test_layout_applies_to_the_paged_query_and_output():
+    """A (B, Lq, Hq, D) implementation declaring it passes; the same code declaring nothing fails under
+    contract.layout (the case passes with q handed in the other layout)."""
     case = paged_case(is_causal=True)
     Judge(load_implementation("tests.test_varlen_paged:PagedBLHD"), "float32", "cpu").check(case)
+
+    class Undeclared:
+        sdpa_paged = staticmethod(PagedBLHD.sdpa_paged)
+
+    judge = Judge(from_object(Undeclared, "undeclared", "tests.test_varlen_paged:Undeclared"), "float32", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(case)
+    assert raised.value.clause == "contract.layout"
 
 
 def test_a_wrong_output_shape_names_the_operations_shape_clause():
