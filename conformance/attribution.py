@@ -27,6 +27,7 @@ from .expected import SEQUENCE_OPS, allowed_error, canonical_output, expected_ou
 
 LAYOUT_CLAUSE = "contract.layout"  # q, k, v and the output in the declared LAYOUT
 ALIGNMENT_CLAUSES = {"sdpa_varlen": "varlen.alignment", "sdpa_paged": "paged.alignment"}  # SEQUENCE_ALIGNMENT
+SEQUENCE_DEFINITIONS = {"sdpa_varlen": "varlen.definition", "sdpa_paged": "paged.definition"}
 # The variant keywords each variant clause is about: its own probe takes them out (a case that then
 # passes keeps the failure with the clause, whatever else the case carries).
 VARIANT_CLAUSE_KEYWORDS = {
@@ -132,7 +133,8 @@ class Attribution:
         if case.op == "softmax" or _size(inputs) > self.DIAGNOSIS_MAX_ELEMENTS or getattr(self.impl, "hung_on", None):
             return None
         if case.op in SEQUENCE_OPS:
-            return (self._layout_fault(case) if case.op == "sdpa_paged" else None) or self._alignment_fault(case)
+            layout = self._layout_fault(case) if case.op == "sdpa_paged" else None
+            return layout or self._alignment_fault(case) or self._not_the_alignment(case)
         layout = self._layout_fault(case)
         if layout:
             return layout  # every clause the case was drawn for fails in the wrong layout
@@ -177,6 +179,17 @@ class Attribution:
             return None
         return clause, (f"against each sequence's queries aligned {other} instead of the declared {self.alignment} "
                         "(SEQUENCE_ALIGNMENT)")
+
+    def _not_the_alignment(self, case: Case) -> tuple[str, str] | None:
+        """A case drawn for the alignment clause that fails against both alignments: the fault is elsewhere (a page
+        read from the wrong block, keys past seqused_k), filed under the operation's definition."""
+        if case.clauses[0] != ALIGNMENT_CLAUSES[case.op]:
+            return None
+        other = next(a for a in SEQUENCE_ALIGNMENTS if a != self.alignment)
+        if self._passes(case, alignment=other):
+            return None  # the alignment is at fault: the failure stays with its clause
+        return (SEQUENCE_DEFINITIONS[case.op], f"against neither alignment (declared {self.alignment}, other "
+                                               f"{other}), so where the queries sit is not at fault")
 
     @staticmethod
     def _own_probe(case: Case) -> Case | None:
