@@ -485,6 +485,8 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     lq = draw(st.sampled_from(length_choices), label="Lq")
     is_cross = draw(cross, label="cross-attention")
     lk = draw(st.sampled_from(length_choices), label="Lk") if is_cross and not region.equal_lengths else lq
+    if head_width_free and region.mha_head_width_e_over_h:
+        _outside_region("a head width other than E / H (declared mha_head_width: 'e_over_h')")
     if kernel:
         dk = dv = draw(st.sampled_from(region.head_dims.members((16, 32, 64, 24, 48, 8, 128)) or [region.head_dims.min]),
                        label="head D")
@@ -492,7 +494,7 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
         e_kv = draw(st.sampled_from([e, e + 1]), label="E_kv") if is_cross else e
     # Half the cases use the common layout (head width E / H for q, k and v, as in
     # nn.MultiheadAttention), so an implementation limited to it is not starved of cases.
-    elif not head_width_free and draw(st.booleans(), label="head width E / H"):
+    elif not head_width_free and (region.mha_head_width_e_over_h or draw(st.booleans(), label="head width E / H")):
         dk = dv = draw(st.integers(1, 3), label="head D")
         e = h * dk
         e_kv = draw(st.sampled_from([e, e + 1]), label="E_kv") if is_cross else e
@@ -511,7 +513,8 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     lq, lk = _lengths_in_order(lq, lk, region, is_causal)
     kind = draw(st.sampled_from(kinds), label="mask")
     _keep_inside(draw, {"op": "multi_head_attention", "B": b, "Hq": h, "Hkv": h, "Lq": lq, "Lk": lk, "Dk": dk,
-                        "Dv": dv, "is_causal": bool(is_causal), "mask_kind": _mask_class(kind)})
+                        "Dv": dv, "E": e, "E_k": e_kv, "E_v": e_kv, "E_out": e, "is_causal": bool(is_causal),
+                        "mask_kind": _mask_class(kind)})
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((b, lq, e))
