@@ -5,7 +5,7 @@ BUG = ("sequence b's keys are taken as cu_seqlens_k[b + 1] keys from cu_seqlens_
        "every sequence after the first also attends the keys of the sequences after it.")
 SOURCE = "issue 25 list (cu_seqlens read as lengths; FlashAttention takes offsets, FlashInfer indptr arrays)"
 EXPECTED_CLAUSES = frozenset({"varlen.cu-seqlens", "varlen.definition", "varlen.alignment", "varlen.variants",
-                              "varlen.seqused-k", "mask.fully-masked-row"})
+                              "mask.fully-masked-row"})
 DTYPES = base.DTYPES
 
 
