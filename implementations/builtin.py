@@ -166,7 +166,7 @@ def _per_row_slopes(alibi_slopes, query_seq: np.ndarray, hq: int) -> np.ndarray:
     if alibi_slopes is None:
         return np.zeros((hq, len(query_seq)))
     slopes = _host_floats(alibi_slopes)
-    return (slopes[query_seq] if slopes.ndim == 2 else np.broadcast_to(slopes, (len(query_seq), hq))).T
+    return np.array((slopes[query_seq] if slopes.ndim == 2 else np.broadcast_to(slopes, (len(query_seq), hq))).T)
 
 
 def _sink_4d(learnable_sink, hq: int):
@@ -324,7 +324,10 @@ class NumpyNative:
         scores = ((q @ np.swapaxes(k, -1, -2)).astype(dtype) * dtype.type(scale)).astype(dtype)
         if softcap is not None:
             cap = dtype.type(softcap)
-            scores = (np.tanh((scores / cap).astype(dtype)).astype(dtype) * cap).astype(dtype)
+            # A 16-bit score far past the cap (a packed batch's unused keys, masked below) overflows s / cap to inf,
+            # whose tanh is 1: the saturated value, not worth a warning.
+            with np.errstate(over="ignore"):
+                scores = (np.tanh((scores / cap).astype(dtype)).astype(dtype) * cap).astype(dtype)
         if alibi_slopes is not None:
             distance = _distance(lq, lk, query_offset).astype(dtype)
             scores = (scores - (_slopes_4d(alibi_slopes, q.shape[1]).astype(dtype) * distance).astype(dtype))
