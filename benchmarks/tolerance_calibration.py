@@ -21,6 +21,7 @@ out and counted (the suite reports them as deviations, it does not judge them).
     python benchmarks/tolerance_calibration.py --precision-zoo   # the zoo's precision_* and correct 16-bit members
     python benchmarks/tolerance_calibration.py --ops variants,variants-kernel,softcap,alibi   # the sdpa variants
     python benchmarks/tolerance_calibration.py --ops sinks,sinks-kernel,chunk-leftpad   # issue 25's variants
+    python benchmarks/tolerance_calibration.py --ops varlen,paged   # packed batches and paged KV caches
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from attention_conformance.conformance import checks, strategies  # noqa: E402
+from attention_conformance.conformance.expected import canonical_output  # noqa: E402
 from attention_conformance.conformance.strategies import drawing_inside  # noqa: E402
 from attention_conformance.implementations import builtin_implementations, load_implementation  # noqa: E402
 from attention_conformance.implementations._region import parse_region  # noqa: E402
@@ -72,9 +74,11 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
             got = impl.call(case.op, case.arrays(inputs), case.options(), "cpu").astype(np.float64)
         except NotImplementedError:
             return
+        got = canonical_output(case.op, got)  # sdpa_varlen's rows as the judge holds them
         policy = impl.policy_for(inputs.get("mask")) if case.op != "softmax" else "zeros"
-        want = checks.expected_output(case, inputs, policy)
-        allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy), want.shape)
+        want = checks.expected_output(case, inputs, policy, impl.sequence_alignment)
+        allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy,
+                                                       alignment=impl.sequence_alignment), want.shape)
         finite = np.isfinite(want) & (allowed > 0)
         if case.op == "sdpa":  # padding rows of a variable-length batch (sdpa.varlen) are not judged
             finite &= np.broadcast_to(checks.Judge(impl, dtype, "cpu").judged_rows(case, inputs)[..., None], want.shape)
@@ -149,6 +153,9 @@ def main() -> None:
         "chunk-leftpad": ("sdpa", strategies.sink_chunk_leftpad_cases(
             features=strategies.SINK_FEATURES, variants=("window", "query_offset"),
             mask_kinds=("none", "key-padding")), None),
+        # Packed batches and paged caches (spec/tolerances.yaml, sequences): every per-sequence variant drawn.
+        "varlen": ("sdpa_varlen", strategies.varlen_cases(variants=strategies.SEQUENCE_VARIANT_NAMES), None),
+        "paged": ("sdpa_paged", strategies.paged_cases(variants=strategies.SEQUENCE_VARIANT_NAMES), None),
         "softmax": ("softmax", strategies.softmax_cases(), None),
         "multi_head_attention": ("multi_head_attention", strategies.mha_cases(), None),
     }

@@ -17,14 +17,17 @@ import dataclasses
 import numpy as np
 
 from attention_conformance.implementations._arrays import dtype_name
-from attention_conformance.implementations._registry import LAYOUT_SHAPES, LAYOUTS, VARIANT_DEFAULTS
+from attention_conformance.implementations._registry import (LAYOUT_SHAPES, LAYOUTS, SEQUENCE_ALIGNMENTS,
+                                                             VARIANT_DEFAULTS)
 
 from . import oracle
 from .cases import Case
 from .containment import _copies, _flat, _is_array, call_with_limit
-from .expected import expected_output
+from .expected import SEQUENCE_OPS, allowed_error, canonical_output, expected_output
 
 LAYOUT_CLAUSE = "contract.layout"  # q, k, v and the output in the declared LAYOUT
+ALIGNMENT_CLAUSES = {"sdpa_varlen": "varlen.alignment", "sdpa_paged": "paged.alignment"}  # SEQUENCE_ALIGNMENT
+SEQUENCE_DEFINITIONS = {"sdpa_varlen": "varlen.definition", "sdpa_paged": "paged.definition"}
 # The variant keywords each variant clause is about: its own probe takes them out (a case that then
 # passes keeps the failure with the clause, whatever else the case carries).
 VARIANT_CLAUSE_KEYWORDS = {
@@ -94,9 +97,11 @@ class Attribution:
                 same = np.concatenate([v] * -(-dk // v.shape[-1]), axis=-1)[..., :dk]
                 yield "sdpa.value-dim", "with Dv = Dk", derived("Dv = Dk", v=same)
 
-    def _passes(self, case: Case, impl=None) -> bool:
+    def _passes(self, case: Case, impl=None, alignment: str | None = None) -> bool:
         """Whether the implementation (or ``impl``, the same with another LAYOUT) passes ``case`` (values within the
-        tolerance); False when it cannot tell.
+        tolerance); False when it cannot tell. ``alignment``: judged against the oracle of that SEQUENCE_ALIGNMENT
+        instead of the declared one (sdpa_varlen, sdpa_paged; fully masked rows then under the implementation's one
+        policy, or zeros).
 
         Records nothing and never skips: a probe for the attribution only.
         """
@@ -105,13 +110,16 @@ class Attribution:
         if impl.unsupported_reason(case.op, inputs, self.dtype, self.device):
             return False
         try:
-            got = call_with_limit(impl, case.label, impl.call, case.op, _copies(case.arrays(inputs)),
-                                  case.options(), self.device, limit=self.call_limit())
-            policy = self.policy(case, inputs)
-            want = expected_output(case, inputs, policy)
+            got = canonical_output(case.op, call_with_limit(impl, case.label, impl.call, case.op,
+                                                            _copies(case.arrays(inputs)), case.options(), self.device,
+                                                            limit=self.call_limit()))
+            policy = self.policy(case, inputs) if alignment is None else (self.impl.uniform_policy or "zeros")
+            alignment = alignment or self.alignment
+            want = expected_output(case, inputs, policy, alignment)
             if not _is_array(got) or got.shape != want.shape or dtype_name(got.dtype) != self.dtype:
                 return False
-            allowed = np.broadcast_to(self.allowed(case, inputs, policy), want.shape)
+            allowed = np.broadcast_to(allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32,
+                                                    alignment=alignment), want.shape)
         except Exception:  # noqa: BLE001 -- raised or hung: no evidence either way
             return False
         got = np.asarray(got, dtype=np.float64)
@@ -124,6 +132,9 @@ class Attribution:
         """(clause, how) when the case passes with one feature the test is not about taken out."""
         if case.op == "softmax" or _size(inputs) > self.DIAGNOSIS_MAX_ELEMENTS or getattr(self.impl, "hung_on", None):
             return None
+        if case.op in SEQUENCE_OPS:
+            layout = self._layout_fault(case) if case.op == "sdpa_paged" else None
+            return layout or self._alignment_fault(case) or self._not_the_alignment(case)
         layout = self._layout_fault(case)
         if layout:
             return layout  # every clause the case was drawn for fails in the wrong layout
@@ -136,9 +147,13 @@ class Attribution:
         return None
 
     def _layout_fault(self, case: Case) -> tuple[str, str] | None:
-        """sdpa: (contract.layout, how) when the case passes with q, k, v handed in the other LAYOUT, the
-        implementation computing in one axis order while it declares the other."""
-        if case.op != "sdpa" or case.inputs["k"].shape[2] < 2:
+        """sdpa (and sdpa_paged, whose q and output follow LAYOUT): (contract.layout, how) when the case passes with
+        q, k, v handed in the other LAYOUT, the implementation computing in one axis order while it declares the
+        other."""
+        if case.op == "sdpa_paged":
+            if min(case.inputs["q"].shape[1:3]) < 2:
+                return None  # one head or one query: q reads the same in either layout
+        elif case.op != "sdpa" or case.inputs["k"].shape[2] < 2:
             return None  # one key: every weight is 1 in either layout, the probe could not tell them apart
         declared = self.impl.layout
         other = next(layout for layout in LAYOUTS if layout != declared)
@@ -146,6 +161,35 @@ class Attribution:
             return None
         return (LAYOUT_CLAUSE, f"with q, k, v handed as {LAYOUT_SHAPES[other]} (LAYOUT {other!r}) instead of the "
                                f"declared {LAYOUT_SHAPES[declared]} (LAYOUT {declared!r})")
+
+    def _alignment_fault(self, case: Case, drawn_for_it: bool = False) -> tuple[str, str] | None:
+        """sdpa_varlen, sdpa_paged: (its alignment clause, how) when the failing case passes against the oracle of the
+        other SEQUENCE_ALIGNMENT: each sequence's queries placed top-left where bottom-right is declared (or the other
+        way round). Whatever the case was drawn for (a misplaced band is the alignment's fault, also in a fixture
+        about a page boundary), where the alignment moves something (is_causal, a window or ALiBi); not asked, unless
+        ``drawn_for_it`` (a fully masked row's verdict), of a case whose first clause is the alignment's: the failure
+        is filed there already."""
+        clause = ALIGNMENT_CLAUSES[case.op]
+        inputs = case.inputs
+        if (case.clauses[0] == clause and not drawn_for_it) or not (
+                inputs.get("is_causal") or inputs.get("window") is not None or inputs.get("alibi_slopes") is not None):
+            return None
+        other = next(a for a in SEQUENCE_ALIGNMENTS if a != self.alignment)
+        if not self._passes(case, alignment=other):
+            return None
+        return clause, (f"against each sequence's queries aligned {other} instead of the declared {self.alignment} "
+                        "(SEQUENCE_ALIGNMENT)")
+
+    def _not_the_alignment(self, case: Case) -> tuple[str, str] | None:
+        """A case drawn for the alignment clause that fails against both alignments: the fault is elsewhere (a page
+        read from the wrong block, keys past seqused_k), filed under the operation's definition."""
+        if case.clauses[0] != ALIGNMENT_CLAUSES[case.op]:
+            return None
+        other = next(a for a in SEQUENCE_ALIGNMENTS if a != self.alignment)
+        if self._passes(case, alignment=other):
+            return None  # the alignment is at fault: the failure stays with its clause
+        return (SEQUENCE_DEFINITIONS[case.op], f"against neither alignment (declared {self.alignment}, other "
+                                               f"{other}), so where the queries sit is not at fault")
 
     @staticmethod
     def _own_probe(case: Case) -> Case | None:

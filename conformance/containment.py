@@ -28,6 +28,11 @@ from attention_conformance.implementations._arrays import ARRAY_KINDS, dtype_nam
 from attention_conformance.implementations._registry import LAYOUT_SHAPES
 
 from .cases import Case
+from .expected import canonical_output, contract_shape
+
+# The clause a wrong output shape breaks, by operation (sdpa.output-shape for sdpa).
+SHAPE_CLAUSES = {"multi_head_attention": "mha.shapes", "sdpa_varlen": "varlen.output-shape",
+                 "sdpa_paged": "paged.output-shape"}
 
 # ------------------------------------------------------------ the call time limit
 # Every call of an implementation (Judge.run, gradients, dropout) runs in a daemon
@@ -355,7 +360,7 @@ class Containment:
         """The result as the implementation returned it (or already converted): an array of the right shape and dtype,
         finite wherever the oracle is. Returns it as float64, in the suite's (B, H, L, D) whatever the LAYOUT."""
         __tracebackhide__ = True
-        want_shape = self.impl.layout_shape(case.op, self._expected_shape(case, inputs))
+        want_shape = self.impl.layout_shape(case.op, contract_shape(case.op, self._expected_shape(case, inputs)))
         if not _is_array(got):
             self.fail(RESULT_CLAUSE, case, inputs,
                       f"returned {_type_words(got)}, expected an array of shape {want_shape} "
@@ -363,12 +368,12 @@ class Containment:
         if not isinstance(got, np.ndarray):
             got = ARRAY_KINDS[self.impl.array].to_numpy(got)
         if got.shape != want_shape:
-            clause = "mha.shapes" if case.op == "multi_head_attention" else "sdpa.output-shape"
+            clause = SHAPE_CLAUSES.get(case.op, "sdpa.output-shape")
             in_layout = f" (LAYOUT {self.impl.layout!r}: {LAYOUT_SHAPES[self.impl.layout]})" \
                 if self.impl.layout_inputs(case.op) else ""
             self.fail(clause, case, inputs, f"output shape {got.shape}, expected {want_shape}{in_layout}",
                       attribute=False)
-        got = self.impl.from_layout(case.op, got)
+        got = canonical_output(case.op, self.impl.from_layout(case.op, got))
         if dtype_name(got.dtype) != self.dtype:
             self.fail(
                 "sdpa.output-dtype", case, inputs,

@@ -69,12 +69,17 @@ def _by_row(policy: np.ndarray, values: dict[str, np.ndarray]) -> np.ndarray:
     return out
 
 
-def expected_output(case: Case, inputs: dict, policy="zeros") -> np.ndarray:
+def expected_output(case: Case, inputs: dict, policy="zeros", alignment: str = "bottom-right") -> np.ndarray:
     """The oracle's result on (rounded, widened) inputs. ``policy``: one FULLY_MASKED_ROWS policy for every fully
-    masked row, or (B, Hq, Lq) policy names, one per row (Judge.policy)."""
+    masked row, or (B, Hq, Lq) policy names, one per row (Judge.policy). ``alignment``: the implementation's
+    SEQUENCE_ALIGNMENT (sdpa_varlen and sdpa_paged; their results in the judge's form, ``canonical_output``)."""
     if not isinstance(policy, str):
-        return _by_row(policy, {name: expected_output(case, inputs, str(name)) for name in np.unique(policy)})
+        return _by_row(policy, {name: expected_output(case, inputs, str(name), alignment)
+                                for name in np.unique(policy)})
     a = widen(inputs)
+    if case.op in SEQUENCE_OPS:
+        return assemble(case.op, [oracle.sdpa(fully_masked_rows_policy=policy, **one) if _has_queries(one)
+                                  else _no_rows(one) for one in oracle.sequence_cases(case.op, a, alignment)])
     if case.op == "softmax":
         return oracle.softmax(a["x"], axis=a.get("axis", -1))
     if case.op == "sdpa":
@@ -88,13 +93,27 @@ def expected_output(case: Case, inputs: dict, policy="zeros") -> np.ndarray:
     )
 
 
-def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bool = False) -> np.ndarray:
+def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bool = False,
+                  alignment: str = "bottom-right") -> np.ndarray:
     """The tolerance model's allowed error; ``tf32``: float32 matmuls declared to run in TF32 (FLOAT32_MATMUL);
-    ``policy`` as for expected_output."""
+    ``policy`` and ``alignment`` as for expected_output. A packed or paged case's rows are the rows of its
+    sequences' sdpa cases: each row's allowance is the sdpa model's for its own sequence (spec/tolerances.yaml,
+    sequences)."""
     if not isinstance(policy, str):
-        return _by_row(policy, {name: allowed_error(case, inputs, dtype, str(name), tf32)
+        return _by_row(policy, {name: allowed_error(case, inputs, dtype, str(name), tf32, alignment)
                                 for name in np.unique(policy)})
     a = widen(inputs)
+    if case.op in SEQUENCE_OPS:
+        pieces = []
+        for one in oracle.sequence_cases(case.op, a, alignment):
+            shape = one["q"].shape[:3] + (one["v"].shape[3],)
+            if not _has_queries(one):
+                pieces.append(np.zeros(shape))
+                continue
+            q, k, v, mask, is_causal, scale = (one.pop(n) for n in ("q", "k", "v", "mask", "is_causal", "scale"))
+            pieces.append(np.broadcast_to(tolerances.sdpa_allowed(q, k, v, mask, is_causal, scale, dtype, policy,
+                                                                  tf32=tf32, **one), shape))
+        return assemble(case.op, pieces)
     if case.op == "softmax":
         return tolerances.softmax_allowed(a["x"], a.get("axis", -1), dtype)
     if case.op == "sdpa":
@@ -106,3 +125,79 @@ def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bo
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False), dtype,
         tf32=tf32,
     )
+
+
+# ------------------------------------------------------------ packed and paged batches (issue 25)
+# sdpa_varlen and sdpa_paged are judged as the sdpa cases of their sequences (oracle.sequence_cases): each output
+# row, its allowed error, whether it has a key and what emptied it are those of its sequence's sdpa case. The judge
+# holds their results in one form with sdpa's (B, Hq, L, D), so that the rows machinery (fully masked rows, their
+# causes and policies) is shared: sdpa_paged's output is that already; sdpa_varlen's (total_q, Hq, Dv) becomes
+# (1, Hq, total_q, Dv), sequence b's rows at cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of axis 2.
+SEQUENCE_OPS = ("sdpa_varlen", "sdpa_paged")
+
+
+def _has_queries(one: dict) -> bool:
+    return one["q"].shape[2] > 0
+
+
+def _no_rows(one: dict) -> np.ndarray:
+    return np.zeros(one["q"].shape[:3] + (one["v"].shape[3],))
+
+
+def assemble(op: str, pieces: list[np.ndarray]) -> np.ndarray:
+    """Per-sequence (1, Hq, Lq_b, ...) arrays as one array of the judge's form: along the rows (sdpa_varlen) or the
+    batch (sdpa_paged)."""
+    return np.concatenate(pieces, axis=2 if op == "sdpa_varlen" else 0)
+
+
+def canonical_output(op: str, array):
+    """An output in the contract's form as the judge holds it: sdpa_varlen's (total_q, Hq, Dv) as
+    (1, Hq, total_q, Dv); anything else (and an array of another rank, which the shape check names) unchanged."""
+    if op != "sdpa_varlen" or np.ndim(array) != 3:
+        return array
+    return np.swapaxes(np.asarray(array), 0, 1)[None]
+
+
+def contract_output(op: str, array):
+    """The inverse of ``canonical_output``: (1, Hq, total_q, X) -> (total_q, Hq, X) for sdpa_varlen (rows: (1, Hq,
+    total_q) -> (total_q, Hq))."""
+    if op != "sdpa_varlen":
+        return array
+    return np.swapaxes(np.asarray(array)[0], 0, 1)
+
+
+def contract_shape(op: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The contract's shape of an output the judge holds in ``shape``."""
+    if op != "sdpa_varlen" or len(shape) != 4:
+        return tuple(shape)
+    return (shape[2], shape[1], shape[3])
+
+
+def sequence_fully_masked_rows(op: str, inputs: dict, alignment: str = "bottom-right") -> np.ndarray:
+    """(1, Hq, total_q) or (B, Hq, Lq) boolean: the rows of a packed or paged case that have no key."""
+    a = widen(inputs)
+    pieces = []
+    for one in oracle.sequence_cases(op, a, alignment):
+        q, k = one.pop("q"), one.pop("k")
+        one.pop("v"), one.pop("scale"), one.pop("softcap", None), one.pop("alibi_slopes", None)
+        pieces.append(oracle.fully_masked_rows(q, k, **one) if _has_queries({"q": q})
+                      else np.zeros(q.shape[:3], dtype=bool))
+    return assemble(op, pieces)
+
+
+def sequence_row_causes(op: str, inputs: dict, empty: np.ndarray, alignment: str = "bottom-right") -> np.ndarray:
+    """What emptied each fully masked row of a packed or paged case (fully_masked_causes, sequence by sequence): a
+    sequence without keys (none packed, seqused_k 0) is "key_lengths"; the band and the window are their own."""
+    a = widen(inputs)
+    pieces, row = [], 0
+    for one in oracle.sequence_cases(op, a, alignment):
+        lq, lk = one["q"].shape[2], one["k"].shape[2]
+        if op == "sdpa_varlen":
+            rows = empty[:, :, row:row + lq]
+            row += lq
+        else:
+            rows = empty[len(pieces):len(pieces) + 1]
+        causes = fully_masked_causes(rows, lq, lk, None, one["is_causal"], **{
+            name: one[name] for name in ("window", "query_offset", "key_lengths") if name in one})
+        pieces.append(causes)
+    return assemble(op, pieces)

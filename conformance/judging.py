@@ -26,7 +26,8 @@ from . import oracle
 from .attribution import Attribution
 from .cases import Case, widen
 from .containment import LAST_UNSUPPORTED, SUPPORT_COUNTS, UNSUPPORTED_BEFORE_SKIP, Containment, HungEarlier
-from .expected import allowed_error, expected_output, fully_masked_causes
+from .expected import (SEQUENCE_OPS, allowed_error, contract_output, expected_output, fully_masked_causes,
+                       sequence_fully_masked_rows, sequence_row_causes)
 from .report import CaseRecord, ConformanceFailure, failure_message, repro
 from .repro import MAX_INLINE_ELEMENTS, Evidence
 from .repro import command as repro_command
@@ -86,7 +87,9 @@ def declared_deviation(reason: str):
 OWN_CHECK_CLAUSES = frozenset({"sdpa.output-shape", "sdpa.output-dtype", "sdpa.finite",
                                "softmax.masked-exact-zero", "mask.fully-masked-row"})
 DEFINITION_CLAUSES = {"softmax": "softmax.definition", "sdpa": "sdpa.definition",
-                      "multi_head_attention": "mha.projections"}
+                      "multi_head_attention": "mha.projections", "sdpa_varlen": "varlen.definition",
+                      "sdpa_paged": "paged.definition"}
+ROW_OPS = ("sdpa", *SEQUENCE_OPS)  # operations whose results are judged row by row (fully masked rows, policies)
 
 
 def accuracy_clause(case: Case) -> str:
@@ -104,6 +107,7 @@ class Judge(Containment, Attribution):
         self.impl, self.dtype, self.device, self.test_name = impl, dtype, device, test_name
         # float32 matmuls declared to run in TF32 on this device: the tolerance allows TF32 input rounding.
         self.tf32 = dtype == "float32" and impl.tf32_on(device)
+        self.alignment = impl.sequence_alignment  # SEQUENCE_ALIGNMENT: sdpa_varlen's and sdpa_paged's oracle
         self._last_expected: tuple | None = None  # (inputs, policy, oracle output) of the latest case
         self._last_policy: tuple | None = None  # (inputs, policy) of the latest case
 
@@ -117,8 +121,11 @@ class Judge(Containment, Attribution):
                 "from attention_conformance.conformance.test_fixtures import run_fixture_repro\n"
                 f"run_fixture_repro({self.impl.spec!r}, {case.notes['fixture']!r}, {self.dtype!r}, {self.device!r})"
             )
-        return repro(self.impl.spec, case.op, inputs, self.dtype, self.device, self.policy(case, inputs),
-                     layout=self.impl.layout if self.impl.layout_inputs(case.op) else "bhld", arrays_file=arrays_file)
+        policy = self.policy(case, inputs)
+        return repro(self.impl.spec, case.op, inputs, self.dtype, self.device,
+                     policy if isinstance(policy, str) else contract_output(case.op, policy),
+                     layout=self.impl.layout if self.impl.layout_inputs(case.op) else "bhld", arrays_file=arrays_file,
+                     alignment=self.alignment if case.op in SEQUENCE_OPS else None)
 
     def replay(self, case: Case) -> None:
         """The verdict on ``case`` again, outside pytest (conformance/repro.py, for a failure of a test whose
@@ -138,7 +145,7 @@ class Judge(Containment, Attribution):
         # The region's facts (shapes, mask kind, is_causal; sdpa's variant keywords) and what only a judge knows.
         facts = {"dtype": self.dtype, "device": self.device, "scale": inputs.get("scale"), "fully_masked": False,
                  **shape_facts(case.op, inputs)}
-        if case.op == "sdpa":
+        if case.op in ROW_OPS:
             facts["fully_masked"] = bool(self._fully_masked_rows(case, inputs).any())
         elif case.op == "multi_head_attention":
             bias = oracle.attention_bias(widen(inputs).get("mask"), facts["is_causal"], facts["Lq"], facts["Lk"])
@@ -148,9 +155,20 @@ class Judge(Containment, Attribution):
         facts["fully_masked_causes"] = tuple(sorted(str(c) for c in causes))
         return facts
 
+    def element(self, case: Case, inputs: dict, index: tuple) -> str:
+        """How a verdict names one output element of the judge's form: its index, and for sdpa_varlen the index of
+        the contract's (total_q, Hq, Dv) with the sequence and query row it belongs to."""
+        if case.op != "sdpa_varlen" or len(index) != 4:
+            return f"index {index}"
+        token = int(index[2])
+        starts = np.asarray(inputs["cu_seqlens_q"]).astype(np.int64)
+        sequence = int(np.searchsorted(starts, token, side="right") - 1)
+        return (f"index {(token, int(index[1]), int(index[3]))} of (total_q, Hq, Dv) (sequence {sequence}, its query "
+                f"row {token - int(starts[sequence])}, head {int(index[1])})")
+
     def allowed(self, case: Case, inputs: dict, policy: str = "zeros") -> np.ndarray:
         """The allowed error of this case for this implementation, dtype and device (TF32 if declared)."""
-        return allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32)
+        return allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32, alignment=self.alignment)
 
     # --------------------------------------------- what the oracle says
     def policy(self, case: Case, inputs: dict):
@@ -192,6 +210,8 @@ class Judge(Containment, Attribution):
             lq, lk = inputs["q"].shape[-2], inputs["k"].shape[-2]
             return fully_masked_causes(empty, lq, lk, inputs.get("mask"), bool(inputs.get("is_causal", False)),
                                        **oracle.variant_options(inputs))
+        if case.op in SEQUENCE_OPS:
+            return sequence_row_causes(case.op, inputs, self._fully_masked_rows(case, inputs), self.alignment)
         if case.op == "multi_head_attention":
             shapes = shape_facts(case.op, inputs)
             lq, lk = shapes["Lq"], shapes["Lk"]
@@ -212,7 +232,7 @@ class Judge(Containment, Attribution):
         last = self._last_expected
         if last is not None and last[0] is inputs and _same_policy(last[1], policy):
             return last[2]
-        want = expected_output(case, inputs, policy)
+        want = expected_output(case, inputs, policy, self.alignment)
         self._last_expected = (inputs, policy, want)
         return want
 
@@ -222,7 +242,9 @@ class Judge(Containment, Attribution):
         return self._expected(case, inputs, self.policy(case, inputs)).shape
 
     def _fully_masked_rows(self, case: Case, inputs: dict) -> np.ndarray:
-        """(B, Hq, Lq) boolean, sdpa only: the rows with no key to attend."""
+        """(B, Hq, Lq) boolean, sdpa (and sdpa_varlen, sdpa_paged in the judge's form): the rows with no key."""
+        if case.op in SEQUENCE_OPS:
+            return sequence_fully_masked_rows(case.op, inputs, self.alignment)
         a = widen(inputs)
         return oracle.fully_masked_rows(a["q"], a["k"], a.get("mask"), bool(a.get("is_causal", False)),
                                         **oracle.variant_options(a)) & self.judged_rows(case, inputs)
@@ -382,7 +404,7 @@ class Judge(Containment, Attribution):
                 f"max abs error {max_error:.3e} exceeds the allowed error "
                 f"(worst element: error {error[worst]:.3e} > allowed {allowed[worst]:.3e}, "
                 f"{ratio[worst]:.3g}x the {self.dtype} tolerance of spec/tolerances.yaml){blame}",
-                f"index {index}: got {got[worst]:.9g}, oracle {want[worst]:.9g}",
+                f"{self.element(case, inputs, index)}: got {got[worst]:.9g}, oracle {want[worst]:.9g}",
                 record=record, drawn_for=clause, attribute=False,
             )
         RECORDS.append(record)
@@ -395,7 +417,7 @@ class Judge(Containment, Attribution):
         fully masked rows of an sdpa case (a 0-d False otherwise)."""
         __tracebackhide__ = True
         empty = np.zeros((), dtype=bool)
-        if case.op == "sdpa":
+        if case.op in ROW_OPS:
             empty = self._fully_masked_rows(case, inputs)
             if empty.any():
                 self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
@@ -407,7 +429,7 @@ class Judge(Containment, Attribution):
             self.fail(
                 finite_clause, case, inputs,
                 f"{int(bad.sum())} non-finite output element(s) where the oracle is finite",
-                f"index {index}: got {got[index]}, oracle {want[index]:.9g}", attribute=False,
+                f"{self.element(case, inputs, index)}: got {got[index]}, oracle {want[index]:.9g}", attribute=False,
             )
         return empty
 
@@ -433,12 +455,17 @@ class Judge(Containment, Attribution):
                 else "the canonical 'zeros'"
             causes = self.row_causes(case, inputs)
             cause = str(np.broadcast_to(causes[..., None], got.shape)[index]) if causes.ndim else ""
-            self.fail(
-                "mask.fully-masked-row", case, inputs,
-                f"{int(empty.sum())} fully masked row(s) do not follow the policy declared for them; the first, "
-                f"emptied by {cause or 'its mask'}, does not follow {declared}",
-                f"index {index}: got {got[index]:.9g}, policy gives {want[index]:.9g}",
-            )
+            problem = (f"{int(empty.sum())} fully masked row(s) do not follow the policy declared for them; the first, "
+                       f"emptied by {cause or 'its mask'}, does not follow {declared}")
+            clause = "mask.fully-masked-row"
+            # A packed or paged case's rows without keys are where its sequences' alignment puts them: one that passes
+            # against the other alignment is that clause's fault.
+            misaligned = self._alignment_fault(case, drawn_for_it=True) if case.op in SEQUENCE_OPS else None
+            if misaligned:
+                clause, problem = misaligned[0], f"{problem}; the same case passes {misaligned[1]}"
+            self.fail(clause, case, inputs, problem,
+                      f"{self.element(case, inputs, index)}: got {got[index]:.9g}, policy gives {want[index]:.9g}",
+                      drawn_for="mask.fully-masked-row" if misaligned else None)
 
     def check(self, case: Case, clause: str | None = None) -> tuple[np.ndarray, dict]:
         """Run and judge in one step; returns the output (float64) and the rounded inputs."""

@@ -45,6 +45,8 @@ def describe_lines(impl: Implementation) -> list[str]:
     matmul = ", ".join(f"{dev}: {mode}" for dev, mode in d["float32_matmul"].items())
     lines.append(f"    DEVICES={declared} LAYOUT={impl.layout} COMPILED={impl.compiled} GRADIENTS={impl.gradients} "
                  f"FLOAT32_MATMUL={matmul}")
+    if impl.implements("sdpa_varlen") or impl.implements("sdpa_paged"):
+        lines.append(f"    SEQUENCE_ALIGNMENT={impl.sequence_alignment} (sdpa_varlen, sdpa_paged)")
     clauses = sorted({clause for dev in d["known_deviations"] for clause in dev["clause"].split(", ")})
     lines.append(f"    known deviations: {len(d['known_deviations'])}"
                  + (f" (clauses: {', '.join(clauses)})" if clauses else ""))
@@ -52,27 +54,29 @@ def describe_lines(impl: Implementation) -> list[str]:
 
 
 def keyword_lines(impl: Implementation, op: str) -> list[str]:
-    """The keywords ``op``'s signature accepts, the variant keywords apart, and the region's variants."""
+    """The keywords ``op``'s signature accepts, the variant keywords apart, and the region's variants (sdpa's, and
+    those sdpa_varlen and sdpa_paged take per sequence)."""
     accepted = impl.accepted_keywords(op)
     known = [k for k in (*OPTIONAL_KEYWORDS[op], *EXTRA_KEYWORDS.get(op, ())) if k not in VARIANT_DEFAULTS]
+    of_op = [k for k in OPTIONAL_KEYWORDS[op] if k in VARIANT_DEFAULTS]  # the variant keywords this op takes
     if accepted is None:
         line = f"{op} keywords: any (**kwargs)"
-        if op == "sdpa":
-            line += f"; variants: all ({', '.join(VARIANT_DEFAULTS)})"
+        if of_op:
+            line += f"; variants: all ({', '.join(of_op)})"
     else:
         line = f"{op} keywords: {', '.join(k for k in known if k in accepted) or 'none'}"
         missing = [k for k in known if k not in accepted]
         if missing:
             line += f" (not: {', '.join(missing)})"
-        if op == "sdpa":
-            variants = [k for k in VARIANT_DEFAULTS if k in accepted]
+        if of_op:
+            variants = [k for k in of_op if k in accepted]
             line += f"; variants: {', '.join(variants) or 'none'}"
-            if len(variants) < len(VARIANT_DEFAULTS):
-                line += f" (not: {', '.join(k for k in VARIANT_DEFAULTS if k not in accepted)})"
+            if len(variants) < len(of_op):
+                line += f" (not: {', '.join(k for k in of_op if k not in accepted)})"
     lines = [line]
-    if op == "sdpa" and impl.region.variants is not None:
-        drawn = [k for k in impl.region.variants if accepted is None or k in accepted]
-        lines.append(f"sdpa variants declared in SUPPORTS (the only ones drawn): {', '.join(drawn) or 'none'}")
+    if of_op and impl.region.variants is not None:
+        drawn = [k for k in impl.region.variants if k in of_op and (accepted is None or k in accepted)]
+        lines.append(f"{op} variants declared in SUPPORTS (the only ones drawn): {', '.join(drawn) or 'none'}")
     return lines
 
 

@@ -261,3 +261,135 @@ def multi_head_attention(
     trace["merged"] = trace["context_transposed"].reshape(b, lq, -1)
     trace["output"] = project(trace["merged"], "o")
     return trace["output"]
+
+
+# ------------------------------------------------------------------ packed and paged batches (issue 25)
+# sdpa_varlen and sdpa_paged (README "The contract"; spec/clauses.yaml varlen.*, paged.*) are defined through the
+# padded sdpa above, one sequence at a time: sequence b is an sdpa case of batch 1 with its own queries and keys,
+# its queries placed by SEQUENCE_ALIGNMENT (query_offset Lk_b - Lq_b bottom-right, which is negative where a
+# sequence has more queries than keys, or 0 top-left), and the variant keywords that make sense per sequence.
+SEQUENCE_ALIGNMENTS = ("bottom-right", "top-left")
+SEQUENCE_VARIANTS = ("window", "softcap", "alibi_slopes", "learnable_sink")
+
+
+def sequence_offset(lq: int, lk: int, alignment: str = "bottom-right") -> int:
+    """The query_offset of a sequence of ``lq`` queries and ``lk`` keys: lk - lq (bottom-right: the last query beside
+    the last key; negative when lq > lk, the first rows then before key 0) or 0 (top-left)."""
+    if alignment not in SEQUENCE_ALIGNMENTS:
+        raise ValueError(f"alignment {alignment!r}: one of {SEQUENCE_ALIGNMENTS}")
+    return int(lk) - int(lq) if alignment == "bottom-right" else 0
+
+
+def _ints(x) -> np.ndarray:
+    return np.asarray(x).astype(np.int64).reshape(-1)
+
+
+def varlen_spans(cu_seqlens_q, cu_seqlens_k, seqused_k=None) -> list[tuple[int, int, int, int]]:
+    """(query start, query end, key start, key end) of each sequence of a packed batch: rows cu_seqlens_q[b] ..
+    cu_seqlens_q[b + 1] - 1 of q, rows cu_seqlens_k[b] .. of k and v, the first seqused_k[b] of the sequence's keys
+    when given (varlen.seqused-k), else all cu_seqlens_k[b + 1] - cu_seqlens_k[b]."""
+    cq, ck = _ints(cu_seqlens_q), _ints(cu_seqlens_k)
+    used = None if seqused_k is None else _ints(seqused_k)
+    spans = []
+    for b in range(len(cq) - 1):
+        key_end = int(ck[b + 1]) if used is None else int(ck[b]) + int(used[b])
+        spans.append((int(cq[b]), int(cq[b + 1]), int(ck[b]), key_end))
+    return spans
+
+
+def paged_keys(cache, block_table, used: int, row: int) -> np.ndarray:
+    """Sequence ``row``'s first ``used`` keys (or values) of a paged cache (num_blocks, block_size, Hkv, D) as
+    (used, Hkv, D): its logical key j lies in page block_table[row, j // block_size] at slot j % block_size
+    (paged.block-table). Pages past the last one it uses, and slots past ``used``, are never read."""
+    cache = np.asarray(cache)
+    block = cache.shape[1]
+    pages = _ints(np.asarray(block_table)[row])[: -(-int(used) // block)]
+    return cache[pages].reshape((-1,) + cache.shape[2:])[: int(used)]
+
+
+def _heads_first(x: np.ndarray) -> np.ndarray:
+    """(L, H, D) -> (1, H, L, D)."""
+    return np.swapaxes(np.asarray(x), 0, 1)[None]
+
+
+def sequence_sdpa_inputs(q, k, v, example: int, *, is_causal=False, scale=None, window=None, softcap=None,
+                         alibi_slopes=None, learnable_sink=None, alignment="bottom-right") -> dict:
+    """The padded sdpa case (keyword arguments of ``sdpa`` and ``tolerances.sdpa_allowed``) that defines one sequence:
+    q (1, Hq, Lq, Dk) and k, v (1, Hkv, Lk, D*) of sequence ``example``, query_offset by ``alignment``, ALiBi slopes
+    (Hq,) or row ``example`` of (B, Hq). A sequence without keys gets one zero key and key_lengths [0] (its rows have
+    no key: 0 under the canonical policy, 0 with a learnable sink)."""
+    lq, lk = q.shape[2], k.shape[2]
+    case = {"q": q, "k": k, "v": v, "mask": None, "is_causal": bool(is_causal), "scale": scale}
+    if lk == 0:
+        case["k"], case["v"] = np.zeros(k.shape[:2] + (1, k.shape[3])), np.zeros(v.shape[:2] + (1, v.shape[3]))
+        case["key_lengths"] = np.zeros(1, dtype=np.int32)
+    offset = sequence_offset(lq, lk, alignment)
+    if offset:
+        case["query_offset"] = offset
+    if window is not None:
+        case["window"] = tuple(window)
+    if softcap is not None:
+        case["softcap"] = softcap
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes)
+        case["alibi_slopes"] = slopes[example] if slopes.ndim == 2 else slopes
+    if learnable_sink is not None:
+        case["learnable_sink"] = learnable_sink
+    return case
+
+
+def sequence_cases(op: str, inputs: dict, alignment: str = "bottom-right") -> list[dict]:
+    """The padded sdpa case of each sequence of an sdpa_varlen or sdpa_paged case (``inputs`` by the contract's
+    names), in order; a sequence without queries is left out of none (its case has Lq = 0)."""
+    options = {name: inputs.get(name) for name in ("is_causal", "scale", *SEQUENCE_VARIANTS)}
+    options["is_causal"] = bool(options["is_causal"])
+    if op == "sdpa_varlen":
+        q, k, v = np.asarray(inputs["q"]), np.asarray(inputs["k"]), np.asarray(inputs["v"])
+        spans = varlen_spans(inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], inputs.get("seqused_k"))
+        return [sequence_sdpa_inputs(_heads_first(q[qs:qe]), _heads_first(k[ks:ke]), _heads_first(v[ks:ke]), b,
+                                     alignment=alignment, **options)
+                for b, (qs, qe, ks, ke) in enumerate(spans)]
+    if op == "sdpa_paged":
+        q, used = np.asarray(inputs["q"]), _ints(inputs["seqused_k"])
+        return [sequence_sdpa_inputs(
+                    q[b:b + 1], _heads_first(paged_keys(inputs["k_cache"], inputs["block_table"], used[b], b)),
+                    _heads_first(paged_keys(inputs["v_cache"], inputs["block_table"], used[b], b)), b,
+                    alignment=alignment, **options)
+                for b in range(q.shape[0])]
+    raise ValueError(f"{op} is not a packed or paged operation")
+
+
+def _sequence_outputs(op, inputs, alignment, policy) -> list[np.ndarray]:
+    outputs = []
+    for case in sequence_cases(op, inputs, alignment):
+        if case["q"].shape[2] == 0:
+            outputs.append(np.zeros(case["q"].shape[:3] + (case["v"].shape[3],)))
+            continue
+        arrays = {name: case.pop(name) for name in ("q", "k", "v", "mask", "is_causal", "scale")}
+        outputs.append(sdpa(arrays["q"], arrays["k"], arrays["v"], arrays["mask"], arrays["is_causal"],
+                            arrays["scale"], policy, **case))
+    return outputs
+
+
+def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, is_causal=False,
+                scale=None, fully_masked_rows_policy: str = "zeros", *, seqused_k=None, window=None, softcap=None,
+                alibi_slopes=None, learnable_sink=None, alignment: str = "bottom-right") -> np.ndarray:
+    """Packed variable-length sdpa, (total_q, Hq, Dv) float64: rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 are
+    sequence b's queries, attending only to sequence b's keys (varlen.definition). max_seqlen_q and max_seqlen_k are
+    sizing hints of the contract; the result does not depend on them."""
+    inputs = dict(q=_f64(q), k=_f64(k), v=_f64(v), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                  seqused_k=seqused_k, is_causal=is_causal, scale=scale, window=window, softcap=softcap,
+                  alibi_slopes=alibi_slopes, learnable_sink=learnable_sink)
+    pieces = _sequence_outputs("sdpa_varlen", inputs, alignment, fully_masked_rows_policy)
+    return np.concatenate([np.swapaxes(piece[0], 0, 1) for piece in pieces], axis=0)
+
+
+def sdpa_paged(q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None,
+               fully_masked_rows_policy: str = "zeros", *, window=None, softcap=None, alibi_slopes=None,
+               learnable_sink=None, alignment: str = "bottom-right") -> np.ndarray:
+    """sdpa over a paged KV cache, (B, Hq, Lq, Dv) float64: sequence b's queries q[b] against its first seqused_k[b]
+    keys, gathered page by page through block_table[b] (paged.definition)."""
+    inputs = dict(q=_f64(q), k_cache=_f64(k_cache), v_cache=_f64(v_cache), block_table=block_table,
+                  seqused_k=seqused_k, is_causal=is_causal, scale=scale, window=window, softcap=softcap,
+                  alibi_slopes=alibi_slopes, learnable_sink=learnable_sink)
+    return np.concatenate(_sequence_outputs("sdpa_paged", inputs, alignment, fully_masked_rows_policy), axis=0)

@@ -189,12 +189,14 @@ def _own_dtype(name: str, value: np.ndarray, dtype: str) -> str:
 
 
 def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: str, policy="zeros",
-          layout: str = "bhld", arrays_file: str | None = None) -> str:
+          layout: str = "bhld", arrays_file: str | None = None, alignment: str | None = None) -> str:
     """A snippet that rebuilds the inputs, calls the implementation and prints its error against the oracle.
 
     ``policy``: the FULLY_MASKED_ROWS policy of the case's fully masked rows, or (B, Hq, Lq) names, one per row.
     ``layout``: the implementation's LAYOUT; impl.call hands q, k, v over in it and reads the output back.
     ``arrays_file``: read the inputs from this repro file instead of printing them (array_source).
+    ``alignment``: the implementation's SEQUENCE_ALIGNMENT, passed to the oracle of sdpa_varlen and sdpa_paged (the
+    per-row ``policy`` then in the contract's output form without its last axis).
     """
     prelude, source = array_source(arrays_file, dtype)
     lines = [
@@ -222,11 +224,14 @@ def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: s
                      "and transposes its output back to (B, H, L, D)")
     lines.append(f"got = impl.call({op!r}, {{{array_args}}}, {options!r}, device={device!r})")
     oracle_args = ", ".join(f"{k}={k}" for k in arrays) + "".join(f", {k}={v!r}" for k, v in options.items())
-    if op == "sdpa" and isinstance(policy, str):
+    if alignment is not None:
+        oracle_args += f", alignment={alignment!r}"
+    rows = op in ("sdpa", "sdpa_varlen", "sdpa_paged")  # operations with fully masked rows under a policy
+    if rows and isinstance(policy, str):
         oracle_args += f", fully_masked_rows_policy={policy!r}"
-    if op == "sdpa" and not isinstance(policy, str):  # each fully masked row under the policy of its own cause
+    if rows and not isinstance(policy, str):  # each fully masked row under the policy of its own cause
         lines.append(f"policy = np.array({np.asarray(policy).tolist()!r})[..., None]")
-        lines.append("want = sum(np.where(policy == p, oracle.sdpa(" + oracle_args
+        lines.append(f"want = sum(np.where(policy == p, oracle.{op}(" + oracle_args
                      + ", fully_masked_rows_policy=p), 0.0) for p in ('zeros', 'nan', 'uniform'))")
     else:
         lines.append(f"want = oracle.{op}({oracle_args})")

@@ -28,7 +28,12 @@ REQUIRED_INPUTS = {
     "sdpa": ("q", "k", "v"),
     "scores": ("q", "k"),
     "multi_head_attention": ("query", "key", "value", "params", "num_heads"),
+    "sdpa_varlen": ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+    "sdpa_paged": ("q", "k_cache", "v_cache", "block_table", "seqused_k"),
 }
+# Integer inputs (lengths, offsets, block tables): int32 arrays, not float arrays.
+INTEGER_INPUTS = ("query_lengths", "key_lengths", "key_leftpad", "cu_seqlens_q", "cu_seqlens_k", "seqused_k",
+                  "block_table")
 
 
 class SpecError(Exception):
@@ -163,6 +168,7 @@ class Fixture:
     rtol: float = 0.0
     tolerance_reason: str = ""
     description: str = ""
+    alignment: str = "bottom-right"  # sdpa_varlen, sdpa_paged: the SEQUENCE_ALIGNMENT of the printed values
 
     @property
     def arrays(self) -> dict[str, Any]:
@@ -212,12 +218,7 @@ def _check_shapes(fx: Fixture) -> np.ndarray:
         for name, limit in (("query_lengths", lq), ("key_lengths", k.shape[2]), ("key_leftpad", k.shape[2])):
             if name in inputs and (inputs[name].shape != (b,) or (inputs[name] > limit).any()):
                 fail(f"inputs.{name}", f"{inputs[name].tolist()}: {b} length(s) (B,) each at most {limit} expected")
-        slopes = inputs.get("alibi_slopes")
-        if slopes is not None and slopes.shape not in ((hq,), (b, hq)):
-            fail("inputs.alibi_slopes", f"shape {slopes.shape}; (Hq,) = ({hq},) or (B, Hq) = ({b}, {hq}) expected")
-        sink = inputs.get("learnable_sink")
-        if sink is not None and (sink.shape != (hq,) or not np.isfinite(sink).all()):
-            fail("inputs.learnable_sink", f"{sink.tolist()}: (Hq,) = ({hq},) finite logits expected")
+        _check_head_parameters(inputs, b, hq, fail)
         if "v" in inputs and inputs["v"].shape[:3] != k.shape[:3]:
             fail("inputs.v", f"shape {inputs['v'].shape} does not fit k {k.shape} (same B, Hkv, Lk)")
         if "mask" in inputs:
@@ -226,6 +227,8 @@ def _check_shapes(fx: Fixture) -> np.ndarray:
                 np.broadcast_shapes(inputs["mask"].shape, target)
             except ValueError:
                 fail("inputs.mask", f"shape {inputs['mask'].shape} does not broadcast to {target}")
+    if fx.op in ("sdpa_varlen", "sdpa_paged"):
+        _check_sequence_shapes(fx, fail)
     trace: dict[str, np.ndarray] = {}
     try:
         if fx.shapes and fx.op == "multi_head_attention":  # one oracle run gives the result and the trace
@@ -249,6 +252,58 @@ def _check_shapes(fx: Fixture) -> np.ndarray:
     return reference
 
 
+def _check_sequence_shapes(fx: Fixture, fail) -> None:
+    """sdpa_varlen's packed tensors and offsets, sdpa_paged's caches and table, against each other (varlen.cu-seqlens,
+    paged.block-table): a fixture that contradicts the contract's shapes is a spec defect."""
+    inputs = fx.inputs
+    q = inputs["q"]
+    if fx.op == "sdpa_varlen":
+        for name in ("q", "k", "v"):
+            if inputs[name].ndim != 3:
+                fail(f"inputs.{name}", f"must be 3-D (total, H, D), got shape {inputs[name].shape}")
+        k, v = inputs["k"], inputs["v"]
+        if k.shape[0] != v.shape[0] or k.shape[1] != v.shape[1] or q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
+            fail("inputs.k", f"k {k.shape} and v {v.shape} do not fit q {q.shape} (same total_k and Hkv, Dk, Hkv | Hq)")
+        for name, total in (("cu_seqlens_q", q.shape[0]), ("cu_seqlens_k", k.shape[0])):
+            starts = inputs[name]
+            if starts[0] != 0 or starts[-1] != total or (np.diff(starts) < 0).any():
+                fail(f"inputs.{name}", f"{starts.tolist()}: offsets from 0, non-decreasing, ending at {total} expected")
+        if len(inputs["cu_seqlens_q"]) != len(inputs["cu_seqlens_k"]):
+            fail("inputs.cu_seqlens_k", "as many offsets as cu_seqlens_q (B + 1) expected")
+        lengths = np.diff(inputs["cu_seqlens_k"])
+        for name, limit in (("max_seqlen_q", np.diff(inputs["cu_seqlens_q"]).max()), ("max_seqlen_k", lengths.max())):
+            if inputs[name] != limit:
+                fail(f"inputs.{name}", f"{inputs[name]}: the longest sequence's {limit} expected")
+        used = inputs.get("seqused_k")
+        if used is not None and (used.shape != lengths.shape or (used > lengths).any()):
+            fail("inputs.seqused_k", f"{used.tolist()}: (B,) each at most its sequence's keys {lengths.tolist()}")
+        b = len(lengths)
+    else:
+        if q.ndim != 4:
+            fail("inputs.q", f"must be 4-D (B, H, L, D), got shape {q.shape}")
+        cache, values, table, used = inputs["k_cache"], inputs["v_cache"], inputs["block_table"], inputs["seqused_k"]
+        if cache.ndim != 4 or values.shape[:3] != cache.shape[:3] or cache.shape[3] != q.shape[3] \
+                or q.shape[1] % cache.shape[2]:
+            fail("inputs.k_cache", f"k_cache {cache.shape} and v_cache {values.shape} do not fit q {q.shape} "
+                 "((num_blocks, block_size, Hkv, D), Hkv | Hq)")
+        b = q.shape[0]
+        if table.ndim != 2 or table.shape[0] != b or (table >= cache.shape[0]).any():
+            fail("inputs.block_table", f"{table.tolist()}: (B, max_blocks) page indices below {cache.shape[0]} expected")
+        if used.shape != (b,) or (used > table.shape[1] * cache.shape[1]).any():
+            fail("inputs.seqused_k", f"{used.tolist()}: (B,) each at most max_blocks * block_size expected")
+    _check_head_parameters(inputs, b, q.shape[1], fail)
+
+
+def _check_head_parameters(inputs: dict, b: int, hq: int, fail) -> None:
+    """ALiBi slopes (Hq,) or (B, Hq) and learnable sink logits (Hq,), finite."""
+    slopes = inputs.get("alibi_slopes")
+    if slopes is not None and slopes.shape not in ((hq,), (b, hq)):
+        fail("inputs.alibi_slopes", f"shape {slopes.shape}; (Hq,) = ({hq},) or (B, Hq) = ({b}, {hq}) expected")
+    sink = inputs.get("learnable_sink")
+    if sink is not None and (sink.shape != (hq,) or not np.isfinite(sink).all()):
+        fail("inputs.learnable_sink", f"{sink.tolist()}: (Hq,) = ({hq},) finite logits expected")
+
+
 def _call_arguments(fx: Fixture) -> dict[str, Any]:
     return dict(fx.inputs)
 
@@ -267,6 +322,10 @@ def run_oracle(fx: Fixture, inputs: dict[str, Any] | None = None, policy: str = 
             args["q"], args["k"], args["v"], args.get("mask"), args.get("is_causal", False), args.get("scale"),
             fully_masked_rows_policy=policy, **oracle.variant_options(args),
         )
+    if fx.op == "sdpa_varlen":
+        return oracle.sdpa_varlen(**args, fully_masked_rows_policy=policy, alignment=fx.alignment)
+    if fx.op == "sdpa_paged":
+        return oracle.sdpa_paged(**args, fully_masked_rows_policy=policy, alignment=fx.alignment)
     return oracle.multi_head_attention(**args)
 
 
@@ -358,7 +417,7 @@ def _load_entry(path: Path, document: dict, item: dict, known_clauses: dict[str,
     for name, value in item["inputs"].items():
         if name == "window":  # (left, right), None unbounded: structure, not an array
             inputs[name] = tuple(value)
-        elif name in ("query_lengths", "key_lengths", "key_leftpad"):
+        elif name in INTEGER_INPUTS:
             inputs[name] = np.asarray(value, dtype=np.int32)
         elif name == "params":
             inputs[name] = {p: materialise(a, path, entry, f"inputs.params.{p}") for p, a in value.items()}
@@ -383,6 +442,7 @@ def _load_entry(path: Path, document: dict, item: dict, known_clauses: dict[str,
         rtol=float(tolerance.get("rtol", 0.0)),
         tolerance_reason=tolerance.get("reason", ""),
         description=item.get("description", ""),
+        alignment=item.get("alignment", "bottom-right"),
     )
     if fx.expected is not None and "atol" not in tolerance:
         raise SpecError(path, entry, "tolerance", "a fixture with printed `expected` values needs a tolerance")

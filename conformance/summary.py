@@ -9,10 +9,11 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from attention_conformance.implementations._registry import OPERATIONS  # the contract's order, for per-op counts
+
 from . import checks, root_causes, session
 from .report import JUDGED, distinct
 
-OPERATIONS = ("softmax", "sdpa", "multi_head_attention")  # the contract's order, for the per-operation counts
 TOP_REASONS = 3  # unsupported reasons per implementation, in the terminal and in the report's summary
 REASON_WIDTH = 60  # characters of one unsupported reason in the terminal
 _NUMBER = re.compile(r"(?<![A-Za-z_])(\d+(?:\.\d+)?(?:e[-+]?\d+)?)")

@@ -12,6 +12,7 @@ import pytest
 from attention_conformance.conformance import agreement
 from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.expected import SEQUENCE_OPS, contract_output
 from attention_conformance.conformance.plugin import require_device
 from attention_conformance.conformance.specdata import Fixture, fixtures, judged_elements, within_printed
 from attention_conformance.conformance.tolerances import model
@@ -24,8 +25,10 @@ def fixture_case(fx: Fixture) -> Case:
     kind = "none" if mask is None else ("bool" if mask.dtype == np.bool_ else "float")
     if fx.inputs.get("is_causal"):
         kind += "+causal"
-    return Case(op=fx.op, inputs=dict(fx.inputs), clauses=fx.clauses, label=fx.id, mask_kind=kind,
-                notes={"fixture": fx.id})
+    notes = {"fixture": fx.id}
+    if fx.op in SEQUENCE_OPS:
+        notes["alignment"] = fx.alignment
+    return Case(op=fx.op, inputs=dict(fx.inputs), clauses=fx.clauses, label=fx.id, mask_kind=kind, notes=notes)
 
 
 def test_fixture(fixture_case: Fixture, impl, device, dtype):
@@ -45,11 +48,15 @@ def judge_fixture(judge: Judge, fx: Fixture) -> None:
     agreement.keep(case.label, impl.name, device, dtype, np.where(judged_elements(fx, got.shape), got, np.nan))
     if fx.expected is None or dtype not in model()["fixtures"]["direct_comparison_dtypes"]:
         return
-    within = within_printed(fx, got)  # sdpa.varlen's padding rows are unspecified: not compared
-    if fx.op == "sdpa":
-        # Fully masked rows under a declared FULLY_MASKED_ROWS policy were judged by it above; a printed row of zeros
-        # (the canonical policy) is not the reference for them.
-        within |= np.broadcast_to(judge.declared_policy_rows(case, inputs)[..., None], got.shape)
+    if fx.op in SEQUENCE_OPS and impl.sequence_alignment != fx.alignment:
+        return  # printed for the other SEQUENCE_ALIGNMENT: judged against the oracle of its own above
+    # Fully masked rows under a declared FULLY_MASKED_ROWS policy were judged by it above; a printed row of zeros
+    # (the canonical policy) is not the reference for them.
+    declared = np.broadcast_to(judge.declared_policy_rows(case, inputs)[..., None], got.shape) \
+        if fx.op in ("sdpa", *SEQUENCE_OPS) else np.zeros(got.shape, dtype=bool)
+    # The judge's form of sdpa_varlen's rows back to the contract's (total_q, Hq, Dv), as printed.
+    got, declared = contract_output(fx.op, got), contract_output(fx.op, declared)
+    within = within_printed(fx, got) | declared  # sdpa.varlen's padding rows are unspecified: not compared
     if fx.kind == "example" and not within.all():
         index = tuple(int(i) for i in np.argwhere(~within)[0])
         judge.fail(fx.clauses[0], case, inputs,

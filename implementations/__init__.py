@@ -9,8 +9,15 @@ or more of
          *, window=None, softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None,
          learnable_sink=None, sink_token_length=0, attention_chunk=None, key_leftpad=None)
     multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False)
+    sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
+                *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None)
+    sdpa_paged(q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None,
+               *, window=None, softcap=None, alibi_slopes=None, learnable_sink=None)
 
-and optionally the attributes
+(sdpa_varlen: a packed batch, q (total_q, Hq, Dk), k/v (total_k, Hkv, D*), cu_seqlens (B+1,) int32 offsets ->
+(total_q, Hq, Dv); sdpa_paged: q as sdpa's, k_cache/v_cache (num_blocks, block_size, Hkv, D*), block_table
+(B, max_blocks) and seqused_k (B,) int32 -> (B, Hq, Lq, Dv); each sequence is an sdpa of its own keys, README
+"Packed batches and paged KV caches") and optionally the attributes
 
     DTYPES             names among float64, float32, float16, bfloat16 (default float32, float64),
                        or a dict {device: names} when they differ per device
@@ -26,6 +33,8 @@ and optionally the attributes
                        those of KNOWN_DEVIATIONS plus "cause" (README, "Rows without a key")
     LAYOUT             "bhld" (default) or "blhd": sdpa's q, k, v and output as (B, H, L, D) or (B, L, H, D);
                        handed over contiguous in it, output and gradients read back in it; masks unchanged
+    SEQUENCE_ALIGNMENT "bottom-right" (default) or "top-left": where each sequence's queries sit against its keys
+                       in sdpa_varlen and sdpa_paged (query row i at i + Lk_b - Lq_b, or at i)
     NAME               the id shown in test ids and reports (default: the --impl spec)
     SUPPORTS           the region it can run: {"head_dims", "value_head_dim", "lengths", "equal_lengths",
                        "masks", "causal" (or "lq<=lk", "lq>=lk", "lq==lk"), "scale", "gqa", "max_group",

@@ -320,13 +320,15 @@ def shape_facts(op: str, inputs: dict) -> dict:
     mask = inputs.get("mask")
     facts["mask_kind"] = "none" if mask is None else ("bool" if str(getattr(mask, "dtype", "")) == "bool" else "float")
     facts["is_causal"] = bool(inputs.get("is_causal", False))
-    if op == "sdpa":
+    if op in ("sdpa", "sdpa_varlen", "sdpa_paged"):
         facts["scale"] = inputs.get("scale")
         facts["variants"] = tuple(sorted(variant_options(inputs)))
     if op == "sdpa" and "q" in inputs:
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         facts.update(B=q.shape[0], Hq=q.shape[1], Hkv=k.shape[1], Lq=q.shape[-2], Lk=k.shape[-2],
                      Dk=q.shape[-1], Dv=v.shape[-1])
+    elif op in ("sdpa_varlen", "sdpa_paged") and "q" in inputs:
+        facts.update(sequence_facts(op, inputs))
     elif op == "multi_head_attention" and "query" in inputs:
         heads, params = inputs["num_heads"], inputs["params"]
         facts.update(B=inputs["query"].shape[0], Hq=heads, Hkv=heads, Lq=inputs["query"].shape[1],
@@ -334,3 +336,24 @@ def shape_facts(op: str, inputs: dict) -> dict:
                      E=inputs["query"].shape[-1], E_k=inputs["key"].shape[-1], E_v=inputs["value"].shape[-1],
                      E_out=params["w_o"].shape[1])
     return facts
+
+
+def sequence_facts(op: str, inputs: dict) -> dict:
+    """The shape facts of an sdpa_varlen or sdpa_paged case: B the sequences, Hq, Hkv, Dk, Dv, and Lq, Lk the longest
+    sequence's query and key lengths (what a kernel's lengths declaration is about: a packed batch is run sequence
+    by sequence); sdpa_paged adds block_size, sdpa_varlen total_q and total_k (the packed rows)."""
+    import numpy as np  # noqa: PLC0415 -- facts of packed batches only
+
+    q, k_name = inputs["q"], "k" if op == "sdpa_varlen" else "k_cache"
+    k, v = inputs[k_name], inputs["v" if op == "sdpa_varlen" else "v_cache"]
+    if op == "sdpa_varlen":
+        starts_q = np.asarray(inputs["cu_seqlens_q"]).astype(np.int64).reshape(-1)
+        starts_k = np.asarray(inputs["cu_seqlens_k"]).astype(np.int64).reshape(-1)
+        used = np.diff(starts_k) if inputs.get("seqused_k") is None else np.asarray(inputs["seqused_k"]).reshape(-1)
+        lengths_q = np.diff(starts_q)
+        return dict(B=len(starts_q) - 1, Hq=q.shape[1], Hkv=k.shape[1], Lq=int(lengths_q.max(initial=0)),
+                    Lk=int(np.max(used, initial=0)), Dk=q.shape[-1], Dv=v.shape[-1], total_q=q.shape[0],
+                    total_k=k.shape[0])
+    used = np.asarray(inputs["seqused_k"]).reshape(-1)
+    return dict(B=q.shape[0], Hq=q.shape[1], Hkv=k.shape[2], Lq=q.shape[2], Lk=int(np.max(used, initial=0)),
+                Dk=q.shape[-1], Dv=v.shape[-1], block_size=k.shape[1])

@@ -13,7 +13,7 @@ import numpy as np
 from ._arrays import ARRAY_KINDS, DTYPE_NAMES, device_names, dtype_name, numpy_dtype
 from ._region import EVERYTHING, Region, RegionError, parse_region, shape_facts
 
-OPERATIONS = ("softmax", "sdpa", "multi_head_attention")
+OPERATIONS = ("softmax", "sdpa", "multi_head_attention", "sdpa_varlen", "sdpa_paged")
 FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
 # What leaves a fully masked row without a key, in the order that attributes a row to one of them (the first that
 # empties it on its own; README "The contract", FULLY_MASKED_ROWS): the removals a kernel handles on a path of their
@@ -33,11 +33,30 @@ VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "quer
                     "query_lengths": None, "key_lengths": None,
                     # Issue 25: attention sinks, chunked local attention, left padding (FlashAttention's names).
                     "learnable_sink": None, "sink_token_length": 0, "attention_chunk": None, "key_leftpad": None}
+# Packed variable-length batches and paged KV caches (issue 25; README "The contract", spec/clauses.yaml varlen.*,
+# paged.*): one sdpa per sequence, with the variant keywords that make sense per sequence.
+SEQUENCE_VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "learnable_sink": None}
 OPTIONAL_KEYWORDS = {
     "softmax": {"axis": -1},
     "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS},
     "multi_head_attention": {"mask": None, "is_causal": False},
+    "sdpa_varlen": {"is_causal": False, "scale": None, "seqused_k": None, **SEQUENCE_VARIANT_DEFAULTS},
+    "sdpa_paged": {"is_causal": False, "scale": None, **SEQUENCE_VARIANT_DEFAULTS},
 }
+# The positional arguments of each operation, in order.
+POSITIONAL = {
+    "softmax": ("x",),
+    "sdpa": ("q", "k", "v"),
+    "multi_head_attention": ("query", "key", "value", "params", "num_heads"),
+    "sdpa_varlen": ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+    "sdpa_paged": ("q", "k_cache", "v_cache", "block_table", "seqused_k"),
+}
+SCALAR_POSITIONAL = ("num_heads", "max_seqlen_q", "max_seqlen_k")  # passed as Python ints, not arrays
+# SEQUENCE_ALIGNMENT: where each sequence's queries sit against its keys in sdpa_varlen and sdpa_paged, which
+# is_causal, the window and the ALiBi distance read: "bottom-right" (the default: FlashAttention's varlen and
+# kvcache calls, FlashInfer, vLLM; query row i of a sequence of Lq queries and Lk keys at position i + Lk - Lq,
+# the last query beside the last key) or "top-left" (row i at i: xformers' BlockDiagonalCausalMask).
+SEQUENCE_ALIGNMENTS = ("bottom-right", "top-left")
 
 
 def mask_cause(mask) -> str:
@@ -66,6 +85,7 @@ class Implementation:
     declared_devices: tuple[str, ...] | None = None
     fully_masked_rows: Any = "zeros"  # a policy, {cause: policy}, {dtype: policy or {cause: ...}}, callable(facts)
     layout: str = "bhld"  # LAYOUT: the axis order of sdpa's q, k, v and output
+    sequence_alignment: str = "bottom-right"  # SEQUENCE_ALIGNMENT: sdpa_varlen's and sdpa_paged's per-sequence band
     known_deviations: tuple = ()  # ({"clause", "when", "reason"}, ...) declared by the implementation
     spec: str = ""  # how to load it again (module[:attr] or builtin:name), used in repros
     region: Region = EVERYTHING  # SUPPORTS / supports(): what it can run (implementations/_region.py)
@@ -190,8 +210,11 @@ class Implementation:
 
     # ------------------------------------------------------------ layout
     def layout_inputs(self, op: str) -> tuple[str, ...]:
-        """The inputs (and, with them, the output) of ``op`` the suite transposes to hand over in LAYOUT."""
-        return LAYOUT_INPUTS if op == "sdpa" and self.layout != "bhld" else ()
+        """The inputs (and, with them, the output) of ``op`` the suite transposes to hand over in LAYOUT: sdpa's q,
+        k, v, and sdpa_paged's q (its caches have a layout of their own, (num_blocks, block_size, Hkv, D))."""
+        if self.layout == "bhld":
+            return ()
+        return LAYOUT_INPUTS if op == "sdpa" else (("q",) if op == "sdpa_paged" else ())
 
     def to_layout(self, op: str, name: str, array):
         """A NumPy input of the suite's (B, H, L, D) in the implementation's LAYOUT, C-contiguous (as a framework's
@@ -247,15 +270,11 @@ class Implementation:
                 return {key: native(item) for key, item in value.items()}
             return None if value is None else kind.to_native(value, device)
 
-        positional = {
-            "softmax": ("x",),
-            "sdpa": ("q", "k", "v"),
-            "multi_head_attention": ("query", "key", "value", "params", "num_heads"),
-        }[op]
+        positional = POSITIONAL[op]
         merged = {**arrays, **options}
-        args = [native(self.to_layout(op, name, merged[name])) if name != "num_heads" else merged[name]
+        args = [native(self.to_layout(op, name, merged[name])) if name not in SCALAR_POSITIONAL else merged[name]
                 for name in positional]
-        passed.update({name: arg for name, arg in zip(positional, args) if name != "num_heads"})
+        passed.update({name: arg for name, arg in zip(positional, args) if name not in SCALAR_POSITIONAL})
         kwargs = {}
         for key, default in OPTIONAL_KEYWORDS[op].items():
             value = merged.get(key, default)
@@ -277,6 +296,7 @@ class Implementation:
             "operations": {op: self.implements(op) for op in OPERATIONS},
             "fully_masked_rows": _describe_policy(self.fully_masked_rows),
             "layout": self.layout,
+            "sequence_alignment": self.sequence_alignment,
             "known_deviations": [{"clause": d["clause"] if isinstance(d["clause"], str) else ", ".join(d["clause"]),
                                   "reason": d["reason"]} for d in self.known_deviations],
             "supports": self.region.describe() if self.region.declared else "everything",
@@ -380,6 +400,11 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         raise ImplementationLoadError(
             f"{spec}: LAYOUT={layout!r} must be one of {list(LAYOUTS)} (sdpa's q, k, v and output as "
             f"{LAYOUT_SHAPES['bhld']} or {LAYOUT_SHAPES['blhd']})")
+    alignment = getattr(obj, "SEQUENCE_ALIGNMENT", "bottom-right")
+    if not isinstance(alignment, str) or alignment not in SEQUENCE_ALIGNMENTS:
+        raise ImplementationLoadError(
+            f"{spec}: SEQUENCE_ALIGNMENT={alignment!r} must be one of {list(SEQUENCE_ALIGNMENTS)} (where each "
+            "sequence's queries sit against its keys in sdpa_varlen and sdpa_paged)")
     devices = getattr(obj, "DEVICES", None)
     if devices is not None:
         if isinstance(devices, str) or not all(isinstance(d, str) for d in devices):
@@ -421,6 +446,7 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         declared_devices=tuple(devices) if devices is not None else None,
         fully_masked_rows=policy,
         layout=layout,
+        sequence_alignment=alignment,
         known_deviations=deviations,
         spec=spec,
         region=region,

@@ -25,6 +25,10 @@ key_lengths; learnable_sink, sink_token_length, attention_chunk, key_leftpad; RE
 contract") are in the signature of every path that can express them; a path without one is
 unsupported on the cases that use it (README, "What the built-ins taught us", says which and why).
 
+Packed batches and paged KV caches (sdpa_varlen, sdpa_paged; issue 25): numpy_native (document masking over the
+packed rows, pages gathered into a padded batch), jax_numpy (the same, jitted once per bucket of padded sizes, pages
+gathered in the program) and torch_flex_cpu (flex's document masking, torch's PagedAttention over flex).
+
 What each CUDA path refuses (SUPPORTS) and gets wrong (KNOWN_DEVIATIONS) was measured on
 an H100 (torch 2.11.0+cu130, jax 0.11.2; benchmarks/gpu_probe.py and the suite's GPU runs,
 README "GPU").
@@ -65,6 +69,104 @@ def _positions_allowed(lq, lk, is_causal=False, window=None, query_offset=0, key
     return oracle.positions_allowed(lq, lk, is_causal, window, query_offset, lengths,
                                     sink_token_length=sink_token_length, attention_chunk=attention_chunk,
                                     key_leftpad=leftpad)
+
+
+# ------------------------------------------------------------------ packed and paged batches (issue 25)
+# sdpa_varlen and sdpa_paged (README "The contract"). The built-ins compute them as document masking does (flex's
+# idiom; what FlashAttention's kernels do tile by tile): one attention over every packed query row and key row,
+# keeping a key only for a query of its own sequence, at the positions SEQUENCE_ALIGNMENT gives; not sequence by
+# sequence as the oracle defines them, so the suite compares two formulations. Sequence structure (offsets, used
+# lengths, block tables) is read on the host, as kernels read it before launch.
+def _packed_positions(cu_seqlens_q, cu_seqlens_k, seqused_k=None, alignment: str = "bottom-right"):
+    """(query sequence, query position, key sequence, key position, key used) per packed row: query row t of
+    sequence b sits at t - cu_seqlens_q[b] + (Lk_b - Lq_b) bottom-right (+ 0 top-left), key row s at s -
+    cu_seqlens_k[b]; a key is used while its position is below seqused_k[b] (all of the sequence's without it)."""
+    starts_q, starts_k = _host_ints(cu_seqlens_q).reshape(-1), _host_ints(cu_seqlens_k).reshape(-1)
+    rows_q, rows_k = np.arange(starts_q[-1]), np.arange(starts_k[-1])
+    query_seq = np.searchsorted(starts_q, rows_q, side="right") - 1
+    key_seq = np.searchsorted(starts_k, rows_k, side="right") - 1
+    keys = np.diff(starts_k) if seqused_k is None else _host_ints(seqused_k).reshape(-1)
+    offset = keys - np.diff(starts_q) if alignment == "bottom-right" else np.zeros_like(keys)
+    key_position = rows_k - starts_k[key_seq]
+    return (query_seq, rows_q - starts_q[query_seq] + offset[query_seq], key_seq, key_position,
+            key_position < keys[key_seq])
+
+
+def _sequence_keep(query_position, key_position, is_causal: bool, window) -> np.ndarray:
+    """The causal band and the window of positions (any broadcastable shapes): which keys a query keeps."""
+    keep = np.ones(np.broadcast_shapes(np.shape(query_position), np.shape(key_position)), dtype=bool)
+    if is_causal:
+        keep &= key_position <= query_position
+    left, right = window if window is not None else (None, None)
+    if left is not None:
+        keep &= key_position >= query_position - int(left)
+    if right is not None:
+        keep &= key_position <= query_position + int(right)
+    return keep
+
+
+def _document_mask(cu_seqlens_q, cu_seqlens_k, seqused_k, is_causal, window, alibi_slopes, hq: int,
+                   alignment: str = "bottom-right") -> np.ndarray:
+    """sdpa_varlen as one sdpa mask over the packed rows, (1, 1, total_q, total_k) boolean, or with ALiBi (1, Hq,
+    total_q, total_k) float64: -slope[b, h] * |position distance| on the kept keys, -inf elsewhere (ALiBi comes
+    after softcap in sdpa.variant-order, as a float mask does)."""
+    query_seq, query_position, key_seq, key_position, used = _packed_positions(cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                                              alignment)
+    keep = (query_seq[:, None] == key_seq[None, :]) & used[None, :] \
+        & _sequence_keep(query_position[:, None], key_position[None, :], is_causal, window)
+    if alibi_slopes is None:
+        return keep[None, None]
+    slopes = _host_floats(alibi_slopes)
+    per_row = (slopes[query_seq] if slopes.ndim == 2 else np.broadcast_to(slopes, (len(query_seq), hq))).T
+    distance = np.abs(query_position[:, None] - key_position[None, :])
+    return np.where(keep, -per_row[:, :, None] * distance, -np.inf)[None]
+
+
+def _paged_gather(cache, block_table):
+    """Every page of each sequence's table, in table order: (B, max_blocks * block_size, Hkv, D) (the unused entries
+    of a table name some page: gathered, then masked by seqused_k)."""
+    table = _host_ints(block_table)
+    gathered = cache[table.reshape(-1)] if isinstance(cache, np.ndarray) else cache[table.reshape(-1).tolist()]
+    return gathered.reshape((table.shape[0], table.shape[1] * cache.shape[1]) + tuple(cache.shape[2:]))
+
+
+def _paged_mask(seqused_k, lq: int, keys: int, is_causal, window, alibi_slopes, hq: int,
+                alignment: str = "bottom-right") -> np.ndarray:
+    """sdpa_paged's mask over the gathered keys, (B, 1, Lq, keys) boolean, or with ALiBi (B, Hq, Lq, keys) float64."""
+    used = _host_ints(seqused_k).reshape(-1, 1, 1, 1)
+    query_position = np.arange(lq).reshape(1, 1, lq, 1) + ((used - lq) if alignment == "bottom-right" else 0)
+    key_position = np.arange(keys).reshape(1, 1, 1, keys)
+    keep = (key_position < used) & _sequence_keep(query_position, key_position, is_causal, window)
+    if alibi_slopes is None:
+        return keep
+    slopes = _host_floats(alibi_slopes)
+    slopes = slopes.reshape((1,) * (2 - slopes.ndim) + slopes.shape + (1, 1))
+    return np.where(keep, -slopes * np.abs(query_position - key_position), -np.inf)
+
+
+def _host_floats(x) -> np.ndarray:
+    return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(np.float64)
+
+
+def _bucket(n: int, least: int) -> int:
+    """The bucket a size is padded to for a compiling path: the next power of two, at least ``least``, so that XLA
+    compiles once per bucket, not once per packed length or cache size (what serving stacks do for CUDA graphs)."""
+    return max(least, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def _padded(array: np.ndarray, shape: tuple[int, ...], fill=0) -> np.ndarray:
+    """``array`` in the leading corner of an array of ``shape`` filled with ``fill``."""
+    out = np.full(shape, fill, dtype=array.dtype)
+    out[tuple(slice(0, n) for n in array.shape)] = array
+    return out
+
+
+def _per_row_slopes(alibi_slopes, query_seq: np.ndarray, hq: int) -> np.ndarray:
+    """(Hq, rows): each packed query row's ALiBi slopes (its sequence's row of (B, Hq), or the (Hq,) ones); 0 without."""
+    if alibi_slopes is None:
+        return np.zeros((hq, len(query_seq)))
+    slopes = _host_floats(alibi_slopes)
+    return np.array((slopes[query_seq] if slopes.ndim == 2 else np.broadcast_to(slopes, (len(query_seq), hq))).T)
 
 
 def _sink_4d(learnable_sink, hq: int):
@@ -222,7 +324,10 @@ class NumpyNative:
         scores = ((q @ np.swapaxes(k, -1, -2)).astype(dtype) * dtype.type(scale)).astype(dtype)
         if softcap is not None:
             cap = dtype.type(softcap)
-            scores = (np.tanh((scores / cap).astype(dtype)).astype(dtype) * cap).astype(dtype)
+            # A 16-bit score far past the cap (a packed batch's unused keys, masked below) overflows s / cap to inf,
+            # whose tanh is 1: the saturated value, not worth a warning.
+            with np.errstate(over="ignore"):
+                scores = (np.tanh((scores / cap).astype(dtype)).astype(dtype) * cap).astype(dtype)
         if alibi_slopes is not None:
             distance = _distance(lq, lk, query_offset).astype(dtype)
             scores = (scores - (_slopes_4d(alibi_slopes, q.shape[1]).astype(dtype) * distance).astype(dtype))
@@ -250,6 +355,27 @@ class NumpyNative:
                 total = total + np.exp((sink - row_max).astype(dtype)).astype(dtype)
         weights = (e / np.where(empty, 1, total.astype(dtype))).astype(dtype)
         return (weights @ v).astype(dtype)
+
+    @classmethod
+    def sdpa_varlen(cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                    scale=None, *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
+        # Document masking: one sdpa over the packed rows (batch 1), the sequences kept apart by the mask.
+        mask = _document_mask(cu_seqlens_q, cu_seqlens_k, seqused_k, is_causal, window, alibi_slopes, q.shape[1])
+        out = cls.sdpa(np.swapaxes(q, 0, 1)[None], np.swapaxes(k, 0, 1)[None], np.swapaxes(v, 0, 1)[None],
+                       mask=mask if mask.dtype == np.bool_ else mask.astype(q.dtype),
+                       scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, softcap=softcap,
+                       learnable_sink=learnable_sink)
+        return np.ascontiguousarray(np.swapaxes(out[0], 0, 1))
+
+    @classmethod
+    def sdpa_paged(cls, q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
+                   softcap=None, alibi_slopes=None, learnable_sink=None):
+        # Each sequence's pages gathered into a padded batch, the keys past seqused_k masked.
+        k = np.swapaxes(_paged_gather(k_cache, block_table), 1, 2)
+        v = np.swapaxes(_paged_gather(v_cache, block_table), 1, 2)
+        mask = _paged_mask(seqused_k, q.shape[2], k.shape[2], is_causal, window, alibi_slopes, q.shape[1])
+        return cls.sdpa(q, k, v, mask=mask if mask.dtype == np.bool_ else mask.astype(q.dtype), scale=scale,
+                        softcap=softcap, learnable_sink=learnable_sink)
 
     @classmethod
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
@@ -707,6 +833,110 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
             raise NotImplementedError("flex_attention has no backward on the CPU (torch 2.13)")
         return super().sdpa(q, k, v, *args, **kwargs)
 
+    # Packed and paged batches (issue 25), in flex's own idioms: document masking for sdpa_varlen (a mask_mod keeping
+    # a key only for a query of the same sequence, on per-row sequence ids and positions), and torch's PagedAttention
+    # for sdpa_paged (torch/nn/attention/experimental/_paged_attention.py: a logical BlockMask converted to the
+    # physical pages of the cache, whose mask_mod and score_mod map each physical key back to its logical position
+    # and mask the slots past seqused_k). Each has one structure of mods whatever the options (every option a tensor,
+    # neutral where unused), as _mods above, so eager flex traces it once.
+    @staticmethod
+    def _sequence_mods(device, dtype, is_causal, window, softcap):
+        """The band, window and softcap of a sequence's positions as tensors (neutral where unused)."""
+        import torch
+
+        whole = dict(dtype=torch.int64, device=device)
+        beyond = 1 << 30
+        left, right = window if window is not None else (None, None)
+        return dict(causal=torch.tensor(bool(is_causal), device=device),
+                    left=torch.tensor(beyond if left is None else int(left), **whole),
+                    right=torch.tensor(beyond if right is None else int(right), **whole),
+                    capped=torch.tensor(softcap is not None, device=device),
+                    cap=torch.tensor(1.0 if softcap is None else float(softcap), dtype=dtype, device=device))
+
+    @staticmethod
+    def _keep(o, p, j):
+        """Whether query position p keeps key position j (tensors), by the band and the window in ``o``."""
+        return ((j <= p) | ~o["causal"]) & (j >= p - o["left"]) & (j <= p + o["right"])
+
+    @staticmethod
+    def _capped(o, score):
+        import torch
+
+        return torch.where(o["capped"], torch.tanh(score / o["cap"]) * o["cap"], score)
+
+    @classmethod
+    def _with_sink(cls, q, k, v, block_mask, score_mod, scale, learnable_sink, hq: int):
+        """flex's output, rescaled by its log-sum-exp for a learnable sink as the sdpa path does."""
+        import torch
+
+        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=hq != k.shape[1])
+        if learnable_sink is None:
+            return cls._flex()(q, k, v, **kwargs)
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        out, aux = cls._flex()(q, k, v, return_aux=AuxRequest(lse=True), **kwargs)
+        sink = _sink_4d(learnable_sink, hq)[..., 0].to(device=aux.lse.device, dtype=aux.lse.dtype)
+        return (out * torch.sigmoid(aux.lse - sink)[..., None].to(out.dtype)).to(q.dtype)
+
+    @classmethod
+    def sdpa_varlen(cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                    scale=None, *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        device, hq = q.device, q.shape[1]
+        rows = [torch.as_tensor(x, device=device) for x in _packed_positions(cu_seqlens_q, cu_seqlens_k, seqused_k)]
+        query_seq, query_position, key_seq, key_position, used = rows
+        slopes = torch.as_tensor(_per_row_slopes(alibi_slopes, rows[0].cpu().numpy(), hq), dtype=q.dtype,
+                                 device=device)  # (Hq, total_q)
+        o = cls._sequence_mods(device, q.dtype, is_causal, window, softcap)
+
+        def document(bi, h, qi, ki):  # a key counts for a query of its own sequence only
+            return (query_seq[qi] == key_seq[ki]) & used[ki] & cls._keep(o, query_position[qi], key_position[ki])
+
+        def score_mod(score, bi, h, qi, ki):
+            return cls._capped(o, score) - slopes[h, qi] * (query_position[qi] - key_position[ki]).abs()
+
+        total_q, total_k = q.shape[0], k.shape[0]
+        block_mask = create_block_mask(document, 1, None, total_q, total_k, device=device)
+        out = cls._with_sink(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask,
+                             score_mod, scale, learnable_sink, hq)
+        return out[0].transpose(0, 1).contiguous()
+
+    @classmethod
+    def sdpa_paged(cls, q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
+                   softcap=None, alibi_slopes=None, learnable_sink=None):
+        import torch
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        device, (b, hq, lq, _), (pages, block, hkv, _) = q.device, q.shape, k_cache.shape
+        table, used = _host_ints(block_table), _host_ints(seqused_k).reshape(-1)
+        paged = PagedAttention(pages, block, b, device=str(device))
+        for row in range(b):  # each sequence's used pages: physical page -> its logical block
+            n = -(-int(used[row]) // block)
+            paged.page_table[row, :n] = torch.as_tensor(table[row, :n], device=device)
+            paged.physical_to_logical[row, torch.as_tensor(table[row, :n], device=device)] = torch.arange(n)
+        lengths = torch.as_tensor(used, device=device)
+        offset = lengths - lq  # bottom-right: query row i at i + seqused_k[b] - Lq
+        slopes = torch.zeros((b, hq), dtype=q.dtype, device=device) if alibi_slopes is None \
+            else _slopes_4d(alibi_slopes, hq)[..., 0, 0].to(q.dtype).expand(b, hq)
+        o = cls._sequence_mods(device, q.dtype, is_causal, window, softcap)
+
+        def logical(bi, h, qi, ki):
+            return cls._keep(o, qi + offset[bi], ki)
+
+        def score_mod(score, bi, h, qi, ki):
+            return cls._capped(o, score) - slopes[bi, h] * (qi + offset[bi] - ki).abs()
+
+        logical_mask = create_block_mask(logical, b, None, lq, table.shape[1] * block, device=device,
+                                         BLOCK_SIZE=(128, block))
+        block_mask = paged.convert_logical_block_mask(logical_mask, kv_len=lengths)
+        physical = [cache.permute(2, 0, 1, 3).reshape(1, hkv, pages * block, cache.shape[3])
+                    for cache in (k_cache, v_cache)]
+        return cls._with_sink(q, *physical, block_mask, paged.get_score_mod(score_mod, kv_len=lengths), scale,
+                              learnable_sink, hq)
+
 
 class TorchMultiheadAttentionModule:
     """torch.nn.MultiheadAttention, its conventions translated to the contract.
@@ -999,6 +1229,106 @@ class JaxNumpy:
         # The projections too: "highest" makes every float32 matmul of the traced program full precision.
         with jax.default_matmul_precision("highest"):
             return _jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal)
+
+    # Packed and paged batches (issue 25): one jitted program each, whatever the variants (every option an array,
+    # neutral where unused), fed arrays padded on the host to bucket sizes (_bucket; head dims to a multiple of 8,
+    # zeros that change no dot product): a new packed length, cache size or head dim costs no compile within its
+    # bucket. The sequences' structure (offsets, used lengths, the alignment) is read on the host into a keep mask
+    # and the ALiBi distances; the pages are gathered in the program through the block table.
+    @staticmethod
+    def _options(q, scale, softcap, learnable_sink, hq: int):
+        dk = q.shape[-1]
+        sink = np.full(hq, -np.inf) if learnable_sink is None else _host_floats(learnable_sink)
+        return dict(scale=np.float64(1.0 / math.sqrt(dk) if scale is None else scale), sink=sink,
+                    cap=np.float64(1.0 if softcap is None else softcap), capped=np.bool_(softcap is not None))
+
+    @staticmethod
+    def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None, *,
+                    seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
+        import jax.numpy as jnp
+
+        qh, kh, vh = np.asarray(q), np.asarray(k), np.asarray(v)
+        (rows, hq, dk), (cols, hkv, dv) = qh.shape, vh.shape
+        query_seq, query_position, key_seq, key_position, used = _packed_positions(cu_seqlens_q, cu_seqlens_k,
+                                                                                    seqused_k)
+        keep = (query_seq[:, None] == key_seq[None, :]) & used[None, :] \
+            & _sequence_keep(query_position[:, None], key_position[None, :], is_causal, window)
+        distance = np.abs(query_position[:, None] - key_position[None, :]).astype(np.float64)
+        r, c, dk8, dv8 = _bucket(rows, 8), _bucket(cols, 8), -(-dk // 8) * 8, -(-dv // 8) * 8
+        out = _jitted(JaxNumpy._packed)(
+            _padded(qh, (r, hq, dk8)), _padded(kh, (c, hkv, dk8)), _padded(vh, (c, hkv, dv8)),
+            _padded(keep, (r, c), False), _padded(distance, (r, c)),
+            _padded(_per_row_slopes(alibi_slopes, query_seq, hq), (hq, r)),
+            **JaxNumpy._options(qh, scale, softcap, learnable_sink, hq))
+        return jnp.asarray(np.asarray(out)[:rows, :, :dv])
+
+    @staticmethod
+    def _packed(q, k, v, keep, distance, slopes, sink, scale, cap, capped):
+        """q (R, Hq, Dk), k (C, Hkv, Dk), v (C, Hkv, Dv), keep and distance (R, C), slopes (Hq, R), sink (Hq,)."""
+        import jax.numpy as jnp
+
+        group = q.shape[1] // k.shape[1]
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+        scores = jnp.einsum("qhd,khd->hqk", q, k, precision="highest") * scale.astype(q.dtype)
+        return jnp.einsum("hqk,khd->qhd", JaxNumpy._sequence_weights(
+            scores, keep[None], (slopes[:, :, None] * distance[None]), sink[:, None, None], cap, capped, q.dtype),
+            v, precision="highest")
+
+    @staticmethod
+    def _sequence_weights(scores, keep, bias, sink, cap, capped, dtype):
+        """softcap (where ``capped``), the ALiBi ``bias`` subtracted, the removed keys -inf, then the softmax with the
+        sink logit (-inf: none) in its maximum and normaliser; a row without keys gives 0."""
+        import jax.numpy as jnp
+
+        cap = cap.astype(scores.dtype)
+        scores = jnp.where(capped, jnp.tanh(scores / cap) * cap, scores)
+        scores = jnp.where(keep, scores - bias.astype(scores.dtype), -jnp.inf)
+        sink = sink.astype(scores.dtype)
+        top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
+        top = jnp.where(jnp.isfinite(top), top, 0)
+        e = jnp.exp(scores - top)
+        total = jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top)
+        return (e / jnp.where(total > 0, total, 1)).astype(dtype)
+
+    @staticmethod
+    def sdpa_paged(q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
+                   softcap=None, alibi_slopes=None, learnable_sink=None):
+        import jax.numpy as jnp
+
+        qh, kc, vc = np.asarray(q), np.asarray(k_cache), np.asarray(v_cache)
+        table = _host_ints(block_table).astype(np.int32)
+        (b, hq, lq, dk), (pages, block, hkv, dv) = qh.shape, vc.shape
+        keys = table.shape[1] * block
+        keep = _paged_mask(seqused_k, lq, keys, is_causal, window, None, hq)[:, 0]
+        used = _host_ints(seqused_k).reshape(-1, 1, 1)
+        distance = np.abs(np.arange(lq).reshape(1, lq, 1) + (used - lq) - np.arange(keys).reshape(1, 1, keys))
+        slopes = np.zeros((b, hq)) if alibi_slopes is None else np.broadcast_to(_host_floats(alibi_slopes), (b, hq))
+        bb, ll, pp, mb = _bucket(b, 4), _bucket(lq, 8), _bucket(pages, 8), _bucket(table.shape[1], 4)
+        dk8, dv8 = -(-dk // 8) * 8, -(-dv // 8) * 8
+        out = _jitted(JaxNumpy._paged)(
+            _padded(qh, (bb, hq, ll, dk8)), _padded(kc, (pp, block, hkv, dk8)), _padded(vc, (pp, block, hkv, dv8)),
+            _padded(table, (bb, mb)), _padded(keep, (bb, ll, mb * block), False),
+            _padded(distance.astype(np.float64), (bb, ll, mb * block)), _padded(np.asarray(slopes), (bb, hq)),
+            **JaxNumpy._options(qh, scale, softcap, learnable_sink, hq))
+        return jnp.asarray(np.asarray(out)[:b, :, :lq, :dv])
+
+    @staticmethod
+    def _paged(q, k_cache, v_cache, table, keep, distance, slopes, sink, scale, cap, capped):
+        """q (B, Hq, Lq, Dk), caches (pages, block, Hkv, D), table (B, max_blocks), keep and distance (B, Lq, keys)."""
+        import jax.numpy as jnp
+
+        b, blocks = table.shape
+
+        def gathered(cache):  # (B, Hkv, blocks * block, D): each sequence's pages in table order
+            pages = jnp.take(cache, table.reshape(-1), axis=0)
+            return jnp.swapaxes(pages.reshape(b, blocks * cache.shape[1], *cache.shape[2:]), 1, 2)
+
+        group = q.shape[1] // k_cache.shape[2]
+        k, v = jnp.repeat(gathered(k_cache), group, axis=1), jnp.repeat(gathered(v_cache), group, axis=1)
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision="highest") * scale.astype(q.dtype)
+        weights = JaxNumpy._sequence_weights(scores, keep[:, None], slopes[:, :, None, None] * distance[:, None],
+                                             sink[None, :, None, None], cap, capped, q.dtype)
+        return jnp.einsum("bhqk,bhkd->bhqd", weights, v, precision="highest")
 
 
 class JaxCuDNNAttention:

@@ -61,7 +61,8 @@ STRUCTURAL_CLAUSES = frozenset({
 # How the operations of the spec (spec/clauses.yaml ``binds``) are named in facts["op"]; gradients and dropout are
 # sdpa cases.
 OPERATION_BINDS = {"softmax": ("softmax",), "sdpa": ("sdpa", "sdpa_backward", "dropout"),
-                   "multi_head_attention": ("multi_head_attention",)}
+                   "multi_head_attention": ("multi_head_attention",), "sdpa_varlen": ("sdpa_varlen",),
+                   "sdpa_paged": ("sdpa_paged",)}
 
 
 def _reason(text: str, note: str) -> str:

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from attention_conformance.conformance import (agreement, checks, properties, test_dropout, test_fixtures, test_gradients,
-                                               test_mha, test_properties, test_variants)
+                                               test_mha, test_paged, test_properties, test_variants, test_varlen)
 from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.conformance.specdata import fixtures
 
 PROPERTY_TESTS = [
     fn
-    for module in (test_properties, test_mha, test_gradients, test_dropout, test_variants)
+    for module in (test_properties, test_mha, test_gradients, test_dropout, test_variants, test_varlen, test_paged)
     for name, fn in vars(module).items()
     if name.startswith("test_") and callable(fn) and hasattr(fn, "__wrapped__")
 ]
@@ -89,7 +89,8 @@ def run_battery(impl, *, dtypes=("float64", "float32"), max_examples: int = 20, 
 # Clause families whose tests live in one module: a member expected to break one
 # of them has that module's tests run first, so it is stopped early (the verdict
 # is the same; only the order of the battery changes).
-FAMILY_MODULES = {"grad.": test_gradients, "dropout.": test_dropout, "mha.": test_mha,
+FAMILY_MODULES = {"grad.": test_gradients, "dropout.": test_dropout, "mha.": test_mha, "varlen.": test_varlen,
+                  "paged.": test_paged,
                   **{clause: test_variants for clause in ("sdpa.window", "sdpa.softcap", "sdpa.alibi",
                                                           "sdpa.query-offset", "sdpa.varlen", "sdpa.variant-order",
                                                           "sdpa.learnable-sink", "sdpa.sink-tokens",

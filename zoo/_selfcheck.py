@@ -26,7 +26,7 @@ from zoo import _reference as ref
 DTYPE_OBJ = {"float64": np.float64, "float32": np.float32, "float16": np.float16,
              "bfloat16": ml_dtypes.bfloat16}
 RTOL = {"float64": 1e-12, "float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
-OPS = ("softmax", "sdpa", "multi_head_attention")
+OPS = ("softmax", "sdpa", "multi_head_attention", "sdpa_varlen", "sdpa_paged")
 
 
 def rng(seed):
@@ -132,6 +132,31 @@ def mha_cases():
     }
 
 
+def varlen_cases():
+    """Packed batches: an empty query sequence, an empty key sequence, Lq > Lk, seqused_k with garbage keys."""
+    r = rng(3)
+    Hq, Hkv, Dk, Dv = 4, 2, 3, 2
+    cu_q, cu_k = np.array([0, 2, 4, 4, 9], np.int32), np.array([0, 3, 6, 8, 8], np.int32)
+    base = dict(q=r.normal(size=(9, Hq, Dk)), k=r.normal(size=(8, Hkv, Dk)), v=r.normal(size=(8, Hkv, Dv)),
+                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=3)
+    used = dict(base, seqused_k=np.array([1, 3, 2, 0], np.int32))
+    used["k"][1:3], used["v"][1:3] = 50.0, 300.0
+    return {"plain": base, "causal": dict(base, is_causal=True), "seqused": dict(used, is_causal=True),
+            "window-alibi": dict(base, is_causal=True, window=(1, 0), alibi_slopes=r.uniform(0.1, 1, size=(4, Hq)))}
+
+
+def paged_cases():
+    """Paged caches: shuffled pages, a page shared by two sequences, a partial last page, garbage past seqused_k."""
+    r = rng(4)
+    Hq, Hkv, Dk, Dv, bs = 2, 1, 3, 2, 3
+    k_cache, v_cache = r.normal(size=(6, bs, Hkv, Dk)) * 30, r.normal(size=(6, bs, Hkv, Dv)) * 100
+    table = np.array([[4, 1, 5], [4, 0, 2]], np.int32)  # page 4 shared
+    k_cache[[4, 1, 0]], v_cache[[4, 1, 0]] = r.normal(size=(3, bs, Hkv, Dk)), r.normal(size=(3, bs, Hkv, Dv))
+    base = dict(q=r.normal(size=(2, Hq, 4, Dk)), k_cache=k_cache, v_cache=v_cache, block_table=table,
+                seqused_k=np.array([5, 6], np.int32))
+    return {"plain": base, "causal": dict(base, is_causal=True), "sink": dict(base, learnable_sink=r.normal(size=Hq))}
+
+
 # ------------------------------------------------------------------ oracle
 def fully_masked(case):
     q, k = case["q"], case["k"]
@@ -140,7 +165,13 @@ def fully_masked(case):
     return np.isneginf(b).all(axis=-1)
 
 
-def oracle(op, case, policy):
+def oracle(op, case, policy, alignment="bottom-right"):
+    if op in ("sdpa_varlen", "sdpa_paged"):  # rows without keys are 0 in these cases' reference (canonical policy)
+        from zoo import correct_varlen_paged_reference as sequences
+
+        keywords = {n: x for n, x in case.items() if n not in ("max_seqlen_q", "max_seqlen_k")}
+        run = sequences.varlen if op == "sdpa_varlen" else sequences.paged
+        return run(**keywords, alignment=alignment)
     if op == "softmax":
         return ref.softmax(**case)
     if op == "multi_head_attention":
@@ -158,9 +189,16 @@ def oracle(op, case, policy):
 
 
 # -------------------------------------------------------------- conversion
+def torch_ints(a):
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
 def cast_case(case, dt, array):
     def conv(a):
         if isinstance(a, np.ndarray):
+            if a.dtype.kind in "iu":  # offsets, lengths, block tables stay int32
+                return torch_ints(a) if array == "torch" else a
             if a.dtype != np.bool_:
                 with np.errstate(over="ignore"):  # -1e9 -> -inf in float16
                     a = a.astype(DTYPE_OBJ[dt])
@@ -188,8 +226,8 @@ def score_magnitude(op, case):
     """max |scaled score|: a 16-bit implementation rounds scores to eps * |s|."""
     if op == "softmax":
         return float(np.abs(np.nan_to_num(case["x"], neginf=0)).max(initial=0))
-    if op == "multi_head_attention":
-        return 0.0
+    if op in ("multi_head_attention", "sdpa_varlen", "sdpa_paged"):
+        return 0.0  # the packed and paged cases have unit-scale scores
     q, k = case["q"], case["k"]
     k = np.repeat(k, q.shape[1] // k.shape[1], axis=1)
     scale = case.get("scale")
@@ -217,7 +255,9 @@ def run_member(name, mod, verbose=False):
     array = getattr(mod, "ARRAY", "numpy")
     policy = getattr(mod, "FULLY_MASKED_ROWS", "zeros")
     problems, diffs, n = [], [], 0
-    table = {"softmax": softmax_cases(), "sdpa": sdpa_cases(), "multi_head_attention": mha_cases()}
+    table = {"softmax": softmax_cases(), "sdpa": sdpa_cases(), "multi_head_attention": mha_cases(),
+             "sdpa_varlen": varlen_cases(), "sdpa_paged": paged_cases()}
+    alignment = getattr(mod, "SEQUENCE_ALIGNMENT", "bottom-right")
     for op in OPS:
         fn = getattr(mod, op, None)
         if fn is None:
@@ -227,7 +267,7 @@ def run_member(name, mod, verbose=False):
                 n += 1
                 # the oracle sees the inputs as rounded to dt, computed in float64
                 rounded = cast_case(case, dt, "numpy")
-                want = oracle(op, cast_case(rounded, "float64", "numpy"), policy)
+                want = oracle(op, cast_case(rounded, "float64", "numpy"), policy, alignment)
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
