@@ -5,8 +5,9 @@
 
 Not the suite's harness (that lives in conformance/): this only confirms that
 every correct member agrees with the reference on a battery of cases, in every
-dtype it declares, and that every broken member differs from it (or raises) on
-at least one case. Declared FULLY_MASKED_ROWS deviations are applied to the
+dtype it declares (a NotImplementedError is unsupported, as in the suite), and lists
+the broken members it sees differ from it (or raise); one whose bug needs a variant keyword
+or a kernel-sized shape is out of this small battery's reach and only named. Declared FULLY_MASKED_ROWS deviations are applied to the
 reference before comparing. It also checks that every EXPECTED_CLAUSES id exists
 in spec/clauses.yaml.
 """
@@ -276,6 +277,9 @@ def run_member(name, mod, verbose=False):
                     msg = compare(got, want, dt, cond)
                     if msg is None and got_dt != dt:
                         msg = f"dtype {got_dt} != {dt}"
+                except NotImplementedError:  # outside what the member runs: unsupported, as in the suite
+                    n -= 1
+                    continue
                 except Exception as e:  # noqa: BLE001
                     msg = f"raised {type(e).__name__}: {str(e)[:60]}"
                 if msg:
@@ -284,7 +288,9 @@ def run_member(name, mod, verbose=False):
     exp = getattr(mod, "EXPECTED_CLAUSES", frozenset())
     beyond_forward = bool(exp) and all(c.startswith(("grad.", "dropout.")) for c in exp)
     if is_broken and not diffs and not beyond_forward:
-        problems.append("broken member agrees with the reference on every case")
+        # The battery is small plain cases; a bug behind a variant keyword or a kernel-sized shape is out of its reach.
+        # tests/test_zoo.py runs every broken member through the suite and asks for its expected clauses.
+        print(f"   {name}: not reached by this battery (tests/test_zoo.py judges it)")
     if not is_broken and diffs:
         problems.extend(diffs)
     if verbose or problems:
