@@ -72,7 +72,7 @@ def _by_row(policy: np.ndarray, values: dict[str, np.ndarray]) -> np.ndarray:
 def expected_output(case: Case, inputs: dict, policy="zeros") -> np.ndarray:
     """The oracle's result on (rounded, widened) inputs. ``policy``: one FULLY_MASKED_ROWS policy for every fully
     masked row, or (B, Hq, Lq) policy names, one per row (Judge.policy)."""
-    if not isinstance(policy, str):
+    if not isinstance(policy, str) and case.op != "multi_head_attention":  # MHA picks per head, before the merge
         return _by_row(policy, {name: expected_output(case, inputs, str(name)) for name in np.unique(policy)})
     a = widen(inputs)
     if case.op == "softmax":
@@ -84,14 +84,14 @@ def expected_output(case: Case, inputs: dict, policy="zeros") -> np.ndarray:
         )
     return oracle.multi_head_attention(
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False),
-        fully_masked_rows_policy=policy,
+        fully_masked_rows_policy=policy, **oracle.variant_options(a),
     )
 
 
 def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bool = False) -> np.ndarray:
     """The tolerance model's allowed error; ``tf32``: float32 matmuls declared to run in TF32 (FLOAT32_MATMUL);
     ``policy`` as for expected_output."""
-    if not isinstance(policy, str):
+    if not isinstance(policy, str) and case.op != "multi_head_attention":  # MHA's bound covers every policy
         return _by_row(policy, {name: allowed_error(case, inputs, dtype, str(name), tf32)
                                 for name in np.unique(policy)})
     a = widen(inputs)
@@ -104,5 +104,5 @@ def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bo
         )
     return tolerances.mha_allowed(
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False), dtype,
-        tf32=tf32,
+        tf32=tf32, **oracle.variant_options(a),
     )

@@ -97,7 +97,7 @@ def applicability(requires=None, derives: tuple[DerivedCase, ...] = ()):
 
 
 def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None, covering_set: str = "full",
-                  derives: tuple[DerivedCase, ...] = ()):
+                  derives: tuple[DerivedCase, ...] = (), operation: str = "sdpa"):
     """Outermost decorator of every property (the module docstring says what it runs).
 
     ``covering_set``: "full" (every corner, and the floor) for the properties of a forward operation;
@@ -110,11 +110,12 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     property makes from the drawn one (strategies.DerivedCase). One that leaves the declared region
     whatever is drawn makes the property not apply (also at collection, "derived case leaves the
     region: ..."); otherwise a draw whose derived case supports(facts) refuses is filtered out while
-    drawing, before any call.
+    drawing, before any call. ``operation``: the operation whose signature says which variant keywords the
+    strategies may draw (strategies.variant_allowed): sdpa's, or multi_head_attention's for its variant tests.
     """
     if test is None:
         return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires,
-                                 covering_set=covering_set, derives=derives)
+                                 covering_set=covering_set, derives=derives, operation=operation)
     if covering_set not in ("full", "brief"):
         raise ValueError(f"covering_set={covering_set!r}: 'full' or 'brief'")
 
@@ -127,7 +128,7 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
         checks.reset_support_counts()
         depth = "brief" if _BRIEF_EVERYWHERE.get() else covering_set
         drawing = {"dtype": kwargs["dtype"], "device": kwargs["device"]} if "dtype" in kwargs else {}
-        keywords = impl.accepted_keywords("sdpa") if impl is not None and impl.implements("sdpa") else None
+        keywords = impl.accepted_keywords(operation) if impl is not None and impl.implements(operation) else None
         try:
             with drawing_inside(region, drawing, derives, keywords) as drawn:
                 corners = covering_corners(impl, region, depth)

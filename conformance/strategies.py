@@ -563,6 +563,59 @@ def _lengths(limit: int):
     return st.sampled_from(sorted({0, 1, limit})) | st.integers(0, limit)
 
 
+def _draw_softcap(draw, inputs: dict) -> str:
+    """A softcap relative to the largest |score| of the sdpa-shaped ``inputs`` (q, k, scale), put in them; its label."""
+    q, k = inputs["q"], inputs["k"]
+    scale_value = inputs.get("scale", q.shape[-1] ** -0.5)
+    top = float(np.max(np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, q.shape[1]), -1, -2) * scale_value),
+                       initial=0.0))
+    ratio = draw(st.sampled_from(SOFTCAP_RATIOS), label="softcap / max |score|")
+    # Kept within 1e-2 .. 6e4: a softcap a 16-bit implementation rounds to its dtype stays normal and finite.
+    inputs["softcap"] = float(np.clip(max(top, 1e-3) * ratio, 1e-2, 6e4))
+    return f"softcap={inputs['softcap']:.3g} ({ratio}x max score)"
+
+
+def _draw_alibi_slopes(draw, inputs: dict) -> str:
+    """ALiBi slopes per query head of the sdpa-shaped ``inputs``, geometric (Press et al.: 2^(-8h/H), h = 1..H) or of
+    mixed magnitudes 1e-3 .. 1, per head or per example and head, put in them; its label."""
+    b, hq = inputs["q"].shape[:2]
+    form = draw(st.sampled_from(["geometric", "random", "per-example"]), label="ALiBi slopes")
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="slopes seed"))
+    if form == "geometric":
+        inputs["alibi_slopes"] = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
+    else:
+        inputs["alibi_slopes"] = 10.0 ** rng.uniform(-3, 0, size=(b, hq) if form == "per-example" else (hq,))
+    return f"alibi={form}"
+
+
+def _draw_variant_keywords(draw, inputs: dict, variants) -> list[str]:
+    """The keywords of ``variants`` (names of VARIANTS) drawn at their edges for the sdpa-shaped ``inputs`` (q, k,
+    scale; put in them, in this order); their labels."""
+    q, k = inputs["q"], inputs["k"]
+    b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
+    words = []
+    if "query_offset" in variants:
+        offset = draw(_offsets(lq, lk), label="query_offset")
+        inputs["query_offset"] = offset
+        words.append(f"offset={offset}")
+    if "window" in variants:
+        window = (draw(_window_side(lk), label="window left"), draw(_window_side(lk), label="window right"))
+        inputs["window"] = window
+        words.append(f"window={window}")
+    if "softcap" in variants:
+        words.append(_draw_softcap(draw, inputs))
+    if "alibi_slopes" in variants:
+        words.append(_draw_alibi_slopes(draw, inputs))
+    if "lengths" in variants:
+        inputs["key_lengths"] = np.array([draw(_lengths(lk), label="key length") for _ in range(b)], dtype=np.int32)
+        words.append(f"key_lengths={inputs['key_lengths'].tolist()}")
+        if variant_allowed("query_lengths") and draw(st.booleans(), label="query lengths"):
+            inputs["query_lengths"] = np.array([draw(_lengths(lq), label="query length") for _ in range(b)],
+                                               dtype=np.int32)
+            words.append(f"query_lengths={inputs['query_lengths'].tolist()}")
+    return words
+
+
 @st.composite
 def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), mask_kinds=("none",),
                   causal=st.booleans(), gqa: bool = True, scale=st.none(), same_lengths: bool = False,
@@ -577,41 +630,7 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
     case = draw(sdpa_cases(mask_kinds=mask_kinds, causal=causal, gqa=gqa, scale=scale, same_lengths=same_lengths,
                            clauses=clauses, allow_empty_rows=True, outermost=False, **base), label="base case")
     inputs = dict(case.inputs)
-    q, k = inputs["q"], inputs["k"]
-    b, hq, lq, _ = q.shape
-    lk = k.shape[2]
-    words = []
-    if "query_offset" in variants:
-        offset = draw(_offsets(lq, lk), label="query_offset")
-        inputs["query_offset"] = offset
-        words.append(f"offset={offset}")
-    if "window" in variants:
-        window = (draw(_window_side(lk), label="window left"), draw(_window_side(lk), label="window right"))
-        inputs["window"] = window
-        words.append(f"window={window}")
-    if "softcap" in variants:
-        scale_value = inputs.get("scale", q.shape[-1] ** -0.5)
-        top = float(np.max(np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, hq), -1, -2) * scale_value), initial=0.0))
-        ratio = draw(st.sampled_from(SOFTCAP_RATIOS), label="softcap / max |score|")
-        # Kept within 1e-2 .. 6e4: a softcap a 16-bit implementation rounds to its dtype stays normal and finite.
-        inputs["softcap"] = float(np.clip(max(top, 1e-3) * ratio, 1e-2, 6e4))
-        words.append(f"softcap={inputs['softcap']:.3g} ({ratio}x max score)")
-    if "alibi_slopes" in variants:
-        form = draw(st.sampled_from(["geometric", "random", "per-example"]), label="ALiBi slopes")
-        rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="slopes seed"))
-        if form == "geometric":  # Press et al.: 2^(-8h/H), h = 1..H
-            slopes = 2.0 ** (-8.0 * np.arange(1, hq + 1) / hq)
-        else:  # mixed magnitudes, 1e-3 .. 1
-            slopes = 10.0 ** rng.uniform(-3, 0, size=(b, hq) if form == "per-example" else (hq,))
-        inputs["alibi_slopes"] = slopes
-        words.append(f"alibi={form}")
-    if "lengths" in variants:
-        inputs["key_lengths"] = np.array([draw(_lengths(lk), label="key length") for _ in range(b)], dtype=np.int32)
-        words.append(f"key_lengths={inputs['key_lengths'].tolist()}")
-        if variant_allowed("query_lengths") and draw(st.booleans(), label="query lengths"):
-            inputs["query_lengths"] = np.array([draw(_lengths(lq), label="query length") for _ in range(b)],
-                                               dtype=np.int32)
-            words.append(f"query_lengths={inputs['query_lengths'].tolist()}")
+    words = _draw_variant_keywords(draw, inputs, variants)
     if outermost:
         _keep_inside(draw, shape_facts("sdpa", inputs))
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)
@@ -669,16 +688,10 @@ def _sink_token_lengths(length: int):
     return st.sampled_from(sorted({1, 2, 4, max(length, 1)})) | st.integers(1, max(length, 1))
 
 
-@st.composite
-def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), clauses=("sdpa.learnable-sink",),
-                             mask_kinds=("none",), causal=st.booleans(), **base) -> Case:
-    """An sdpa case using the issue-25 keywords named in ``features`` (each always used; SINK_FEATURES) on a case
-    of variant_cases with the older variant keywords ``variants`` (VARIANTS). With sink_token_length, a window
-    whose left edge is unbounded gets a bounded one (the sink tokens' only effect). ``base``: further keywords of
-    variant_cases / sdpa_cases."""
-    case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal,
-                              outermost=False, **base), label="variant case")
-    inputs = dict(case.inputs)
+def _draw_sink_chunk_leftpad(draw, inputs: dict, features) -> list[str]:
+    """The issue-25 keywords of ``features`` (SINK_FEATURES) drawn at their edges for the sdpa-shaped ``inputs``
+    (q, k and the older keywords already drawn; put in them, in this order); their labels. The learnable sink comes
+    last: it is placed against the scores every other keyword leaves."""
     q, k = inputs["q"], inputs["k"]
     b, hq, lq, _ = q.shape
     lk = k.shape[2]
@@ -705,5 +718,59 @@ def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), claus
                                **oracle.variant_options(inputs))
         inputs["learnable_sink"] = _sink_logits(form, rng, np.broadcast_to(scores, (b, hq, lq, lk)))
         words.append(f"sink={form}")
+    return words
+
+
+@st.composite
+def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), clauses=("sdpa.learnable-sink",),
+                             mask_kinds=("none",), causal=st.booleans(), **base) -> Case:
+    """An sdpa case using the issue-25 keywords named in ``features`` (each always used; SINK_FEATURES) on a case
+    of variant_cases with the older variant keywords ``variants`` (VARIANTS). With sink_token_length, a window
+    whose left edge is unbounded gets a bounded one (the sink tokens' only effect). ``base``: further keywords of
+    variant_cases / sdpa_cases."""
+    case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal,
+                              outermost=False, **base), label="variant case")
+    inputs = dict(case.inputs)
+    words = _draw_sink_chunk_leftpad(draw, inputs, features)
     _keep_inside(draw, shape_facts("sdpa", inputs))  # with this case's own keywords among its variants
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)
+
+
+# ------------------------------------------------------------------ multi_head_attention with variants
+# mha.variants: sdpa's variant keywords applied to each head's attention after the projections (Hq = Hkv =
+# num_heads). A case of mha_cases with some of them, drawn at sdpa's edges (_draw_variant_keywords,
+# _draw_sink_chunk_leftpad) on the per-head q and k its projections give, so that softcaps and sink logits are placed
+# against those heads' own scores.
+MHA_VARIANTS = VARIANTS + SINK_FEATURES
+
+
+def _runs_variant(name: str) -> bool:
+    """variant_allowed for a name of VARIANTS or SINK_FEATURES ("lengths" passes key_lengths, query_lengths too)."""
+    return variant_allowed("key_lengths" if name == "lengths" else name)
+
+
+@st.composite
+def mha_variant_cases(draw, *, variants=MHA_VARIANTS, clauses=("mha.variants",),
+                      mask_kinds=("none", "key-padding", "float"), causal=st.booleans(), min_heads: int = 1) -> Case:
+    """A multi_head_attention case using some of ``variants`` (names of VARIANTS and SINK_FEATURES): each the
+    implementation runs (its multi_head_attention signature and its region) drawn with probability 1/2, at least one.
+    Rows may be left without keys, as in variant_cases."""
+    runnable = [name for name in variants if _runs_variant(name)]
+    if not runnable:
+        _outside_region(f"multi_head_attention takes none of the variant keywords {', '.join(variants)}")
+    chosen = [name for name in runnable if draw(st.booleans(), label=f"uses {name}")]
+    chosen = chosen or [draw(st.sampled_from(runnable), label="the variant")]
+    case = draw(mha_cases(clauses=clauses, mask_kinds=mask_kinds, causal=causal, min_heads=min_heads,
+                          allow_empty_rows=True), label="base case")
+    inputs = dict(case.inputs)
+    trace: dict = {}
+    oracle.multi_head_attention(inputs["query"], inputs["key"], inputs["value"], inputs["params"],
+                                inputs["num_heads"], trace=trace)
+    heads = {"q": trace["q_heads"], "k": trace["k_heads"], "mask": inputs.get("mask"),
+             "is_causal": inputs.get("is_causal", False)}
+    words = _draw_variant_keywords(draw, heads, [n for n in VARIANTS if n in chosen])
+    words += _draw_sink_chunk_leftpad(draw, heads, [n for n in SINK_FEATURES if n in chosen])
+    inputs.update(oracle.variant_options(heads))
+    _keep_inside(draw, shape_facts("multi_head_attention", inputs))
+    return Case("multi_head_attention", inputs, case.clauses, f"{case.label} {' '.join(words)}",
+                mask_kind=case.mask_kind)

@@ -36,7 +36,8 @@ VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "quer
 OPTIONAL_KEYWORDS = {
     "softmax": {"axis": -1},
     "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS},
-    "multi_head_attention": {"mask": None, "is_causal": False},
+    # mha.variants: the same keywords, applied to each head's attention after the projections.
+    "multi_head_attention": {"mask": None, "is_causal": False, **VARIANT_DEFAULTS},
 }
 
 
