@@ -34,6 +34,11 @@ VARIANT_CLAUSE_KEYWORDS = {
     "sdpa.learnable-sink": ("learnable_sink",), "sdpa.sink-tokens": ("sink_token_length",),
     "sdpa.attention-chunk": ("attention_chunk",), "sdpa.key-leftpad": ("key_leftpad",),
 }
+# multi_head_attention's variant cases (mha.variants) carry several keywords; each is taken out in turn, the one
+# whose keys or bias others build on last (sink tokens act only beside the window's left edge, ALiBi moves with the
+# offset, so a fault of theirs passes without the window or the offset too).
+MHA_VARIANT_PROBES = ("sink_token_length", "attention_chunk", "key_leftpad", "learnable_sink", "softcap",
+                      "alibi_slopes", "window", "key_lengths", "query_offset")
 
 
 def _size(inputs: dict) -> int:
@@ -87,6 +92,14 @@ class Attribution:
         if mask is not None and not any(c.startswith("mask.") or c.startswith("causal.") for c in about):
             own_mask = "mask.bool-true-attends" if mask.dtype == np.bool_ else "mask.float-additive"
             yield own_mask, "without the mask", derived("without the mask", mask=None)
+        if case.op == "multi_head_attention":
+            for name in (n for n in MHA_VARIANT_PROBES if n in oracle.variant_options(inputs)):
+                clause = next(c for c, names in VARIANT_CLAUSE_KEYWORDS.items() if names == (name,)) \
+                    if name != "key_lengths" else "sdpa.varlen"
+                if clause not in about:
+                    dropped = ("key_lengths", "query_lengths") if name == "key_lengths" else (name,)
+                    yield clause, f"without {name}", derived(f"without {name}",
+                                                             **{n: VARIANT_DEFAULTS[n] for n in dropped})
         if case.op == "sdpa":
             q, v = inputs["q"], inputs["v"]
             if v.shape[-1] != q.shape[-1] and not about & {"sdpa.value-dim", "sdpa.output-shape"}:

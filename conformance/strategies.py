@@ -750,16 +750,18 @@ def _runs_variant(name: str) -> bool:
 
 
 @st.composite
-def mha_variant_cases(draw, *, variants=MHA_VARIANTS, clauses=("mha.variants",),
+def mha_variant_cases(draw, *, variants=MHA_VARIANTS, required=None, clauses=("mha.variants",),
                       mask_kinds=("none", "key-padding", "float"), causal=st.booleans(), min_heads: int = 1) -> Case:
     """A multi_head_attention case using some of ``variants`` (names of VARIANTS and SINK_FEATURES): each the
-    implementation runs (its multi_head_attention signature and its region) drawn with probability 1/2, at least one.
-    Rows may be left without keys, as in variant_cases."""
+    implementation runs (its multi_head_attention signature and its region) drawn with probability 1/2, at least one
+    of ``required`` (default: of ``variants``). Rows may be left without keys, as in variant_cases."""
     runnable = [name for name in variants if _runs_variant(name)]
-    if not runnable:
-        _outside_region(f"multi_head_attention takes none of the variant keywords {', '.join(variants)}")
+    needed = [name for name in runnable if required is None or name in required]
+    if not needed:
+        _outside_region(f"multi_head_attention takes none of the variant keywords {', '.join(required or variants)}")
     chosen = [name for name in runnable if draw(st.booleans(), label=f"uses {name}")]
-    chosen = chosen or [draw(st.sampled_from(runnable), label="the variant")]
+    if not set(chosen) & set(needed):
+        chosen.append(draw(st.sampled_from(needed), label="the variant"))
     case = draw(mha_cases(clauses=clauses, mask_kinds=mask_kinds, causal=causal, min_heads=min_heads,
                           allow_empty_rows=True), label="base case")
     inputs = dict(case.inputs)
