@@ -339,9 +339,11 @@ class TorchMath:
             # gpt-oss's form: the sink is one more column of the scores, its weight dropped before @ v.
             sink = _sink_4d(learnable_sink, q.shape[1]).to(scores.dtype).expand(*scores.shape[:-1], 1)
             return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
-        weights = torch.softmax(scores, dim=-1)
-        # A row with no attendable key is 0/0 in softmax; the contract says zeros.
-        weights = weights.masked_fill(scores.isneginf().all(-1, keepdim=True), 0.0)
+        # A row with no attendable key is 0/0 in softmax; the contract says zeros. Its scores are replaced before the
+        # softmax, not only its weights after: a softmax of -inf rows has NaN weights whose backward is NaN (times a
+        # zero upstream gradient), which reached dq, dk and a float mask's gradient.
+        empty = scores.isneginf().all(-1, keepdim=True)
+        weights = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
         return weights @ v
 
     @classmethod

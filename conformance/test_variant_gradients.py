@@ -1,0 +1,162 @@
+"""Gradients of the sdpa variants against the float64 analytic backward (clauses grad.softcap, grad.variants,
+grad.learnable-sink; docs/gradients.md derives them).
+
+Each property draws a variant case (strategies.sink_chunk_leftpad_cases, so the keywords sit at the same edges as
+in the forward properties) with a random subset of the keywords the implementation runs, adds an upstream gradient
+(test_gradients.with_upstream_gradient: dO = 0 on rows without a key and on padding rows) and judges the forward
+(the variant's own forward clause) and then dq, dk, dv, dmask and, with a learnable sink, dsink, as
+test_gradients.judge_gradients does. A gradient beyond its tolerance is blamed on a keyword when the same case
+without that keyword agrees with the oracle (the first such keyword, most specific first); on the plain gradient
+clause (grad.sdpa-q ...) when the case without any of its keywords disagrees too.
+
+Applies to implementations with autodiff (test_gradients._without_autodiff) whose sdpa runs the keywords.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attention_conformance.conformance import oracle
+from attention_conformance.conformance.cases import Case
+from attention_conformance.conformance.checks import unsupported
+from attention_conformance.conformance.gradients import gradients
+from attention_conformance.conformance.strategies import (SINK_FEATURES, VARIANTS, _outside_region, _runs_variant,
+                                                          sink_chunk_leftpad_cases)
+from attention_conformance.conformance.test_gradients import (GRAD_CLAUSE, _expected, _judge, _without_autodiff,
+                                                              _worst, gqa_blame, judge_gradients,
+                                                              with_upstream_gradient)
+from attention_conformance.conformance.test_properties import property_test
+from attention_conformance.implementations._registry import VARIANT_DEFAULTS, missing_keywords_message
+
+pytestmark = pytest.mark.conformance
+sdpa_op = pytest.mark.op("sdpa")
+
+# The gradient clause of each keyword, most specific first (the order in which the blame tries them): the sink and
+# softcap have a gradient of their own; every other keyword only chooses keys or adds a constant bias.
+KEYWORD_CLAUSES = (("learnable_sink", "grad.learnable-sink"), ("softcap", "grad.softcap"),
+                   ("sink_token_length", "grad.variants"), ("attention_chunk", "grad.variants"),
+                   ("key_leftpad", "grad.variants"), ("alibi_slopes", "grad.variants"), ("window", "grad.variants"),
+                   ("key_lengths", "grad.variants"), ("query_offset", "grad.variants"))
+# The forward clause a variant gradient test judges the output of the same call under.
+FORWARD_CLAUSES = {"grad.softcap": "sdpa.softcap", "grad.learnable-sink": "sdpa.learnable-sink",
+                   "grad.variants": "sdpa.variant-order"}
+
+
+def differentiable_with(*names: str):
+    """``requires`` of property_test: autodiff, and an sdpa that runs one of the variants ``names`` (VARIANTS and
+    SINK_FEATURES names; the first is the one every case uses when ``names`` has one)."""
+    keywords = ["key_lengths" if name == "lengths" else name for name in names]
+
+    def reason(impl):
+        why = _without_autodiff(impl)
+        if why or not impl.implements("sdpa"):
+            return why
+        accepted = impl.accepted_keywords("sdpa")
+        if any((accepted is None or k in accepted) and impl.region.allows_variant(k) for k in keywords):
+            return None
+        return f"unsupported: {missing_keywords_message(impl.name, 'sdpa', keywords)}"
+
+    return reason
+
+
+@st.composite
+def variant_gradient_cases(draw, *, variants, required, clauses, mask_kinds=("none",), causal=st.booleans(),
+                           float_masks_from_bool: bool = False) -> Case:
+    """A variant case with an upstream gradient: each of ``variants`` (VARIANTS and SINK_FEATURES names) the
+    implementation runs drawn with probability 1/2, at least one of ``required``."""
+    runnable = [name for name in variants if _runs_variant(name)]
+    needed = [name for name in runnable if name in required]
+    if not needed:
+        _outside_region(f"sdpa takes none of the variant keywords {', '.join(required)}")
+    chosen = [name for name in runnable if draw(st.booleans(), label=f"uses {name}")]
+    if not set(chosen) & set(needed):
+        chosen.append(draw(st.sampled_from(needed), label="the variant"))
+    case = draw(sink_chunk_leftpad_cases(features=tuple(n for n in SINK_FEATURES if n in chosen),
+                                         variants=tuple(n for n in VARIANTS if n in chosen), clauses=clauses,
+                                         mask_kinds=mask_kinds, causal=causal), label="variant case")
+    return with_upstream_gradient(draw, case, float_masks_from_bool)
+
+
+def _without(case: Case, names) -> Case:
+    dropped = {n: VARIANT_DEFAULTS[n] for n in names}
+    if "key_lengths" in names:
+        dropped["query_lengths"] = None
+    return Case("sdpa", {**case.inputs, **dropped}, case.clauses, f"{case.label} [without {', '.join(names)}]",
+                case.mask_kind)
+
+
+def _agrees(judge, case: Case, name: str) -> bool:
+    """Whether the implementation's gradient ``name`` of ``case`` agrees with the analytic backward."""
+    inputs = case.rounded(judge.dtype)
+    try:
+        got = judge.limited(case, gradients, judge.impl, inputs, inputs["d_out"], judge.device)
+    except Exception:  # noqa: BLE001 -- no evidence either way
+        return False
+    want, allowed = _expected(inputs, judge)
+    if got.get(name) is None or got[name].shape != want[name].shape:
+        return False
+    _, ratio, worst = _worst(got[name], want[name], allowed[name])
+    return bool(ratio[worst] <= 1.0)
+
+
+def variant_blame(judge, case: Case, inputs: dict, name: str) -> tuple[str, str]:
+    """(clause, note) for a variant case's gradient ``name`` beyond its tolerance: the gradient clause of the first
+    keyword (KEYWORD_CLAUSES) whose removal makes it agree; the plain clause (gqa_blame) when the case without any
+    of its keywords disagrees too; the test's own clause when only all of them together explain it. dsink is the
+    sink's own, always."""
+    if name == "dsink":
+        return GRAD_CLAUSE[name], ""
+    used = [n for n, _ in KEYWORD_CLAUSES if n in oracle.variant_options(case.inputs)]
+    if not _agrees(judge, _without(case, used), name):
+        clause, note = gqa_blame(judge, case, inputs, name)
+        return clause, note + f"; it disagrees without {', '.join(used)} too: the plain backward is at fault"
+    for keyword, clause in KEYWORD_CLAUSES:
+        if keyword in used and (len(used) == 1 or _agrees(judge, _without(case, [keyword]), name)):
+            return clause, (f"; the same case without {keyword} agrees (and without every variant keyword): "
+                            f"{keyword}'s backward is at fault")
+    return case.clauses[0], f"; it agrees without all of {', '.join(used)}, not without any one alone"
+
+
+def check_variant_gradients(impl, device, dtype, case: Case, order=("dq", "dk", "dv", "dmask", "dsink")) -> None:
+    judge = _judge(impl, device, dtype)
+    inputs = case.rounded(dtype)
+    if "nan" in str(judge.policy(case, inputs)) and judge._fully_masked_rows(case, inputs).any():
+        # A row declared NaN (FULLY_MASKED_ROWS) has no gradient the contract could state, even with dO = 0 there.
+        unsupported(f"{impl.name} declares NaN for this case's rows without a key: their gradient is not defined")
+    judge_gradients(judge, case, inputs, order=order, forward_clause=FORWARD_CLAUSES[case.clauses[0]],
+                    blame=variant_blame)
+
+
+# ----------------------------------------------------------------------- tests
+@property_test(requires=differentiable_with("softcap"), covering_set="brief")
+@sdpa_op
+@given(case=variant_gradient_cases(variants=("softcap",), required=("softcap",), clauses=("grad.softcap",),
+                                   mask_kinds=("none", "float", "key-padding"), float_masks_from_bool=True))
+def test_softcap_gradients(impl, device, dtype, case):
+    """dq and dk carry softcap's derivative 1 - tanh^2(s / c); an additive mask after the cap takes dS itself."""
+    check_variant_gradients(impl, device, dtype, case, order=("dq", "dk", "dmask", "dv"))
+
+
+KEY_CHOOSING = ("window", "alibi_slopes", "query_offset", "lengths", "sink_token_length", "attention_chunk",
+                "key_leftpad")
+
+
+@property_test(requires=differentiable_with(*KEY_CHOOSING), covering_set="brief")
+@sdpa_op
+@given(case=variant_gradient_cases(variants=KEY_CHOOSING, required=KEY_CHOOSING, clauses=("grad.variants",),
+                                   mask_kinds=("none", "bool-full", "key-padding")))
+def test_variant_gradients(impl, device, dtype, case):
+    """Windows, offsets, chunks, sink tokens, key lengths, left padding (removed keys take no gradient) and ALiBi (a
+    constant bias inside P)."""
+    check_variant_gradients(impl, device, dtype, case)
+
+
+@property_test(requires=differentiable_with("learnable_sink"), covering_set="brief")
+@sdpa_op
+@given(case=variant_gradient_cases(variants=("learnable_sink", "softcap", "window", "alibi_slopes", "lengths",
+                                             "attention_chunk"), required=("learnable_sink",),
+                                   clauses=("grad.learnable-sink",), mask_kinds=("none", "float")))
+def test_learnable_sink_gradients(impl, device, dtype, case):
+    """dsink = -sum_b sum_i P_sink (dO . O) per query head, and dq, dk, dv with the sink in the normaliser."""
+    check_variant_gradients(impl, device, dtype, case, order=("dsink", "dq", "dk", "dv", "dmask"))
