@@ -32,12 +32,13 @@ from attention_conformance.implementations._registry import VARIANT_DEFAULTS, mi
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
 
-# The gradient clause of each keyword, most specific first (the order in which the blame tries them): the sink and
-# softcap have a gradient of their own; every other keyword only chooses keys or adds a constant bias.
-KEYWORD_CLAUSES = (("learnable_sink", "grad.learnable-sink"), ("softcap", "grad.softcap"),
-                   ("sink_token_length", "grad.variants"), ("attention_chunk", "grad.variants"),
-                   ("key_leftpad", "grad.variants"), ("alibi_slopes", "grad.variants"), ("window", "grad.variants"),
-                   ("key_lengths", "grad.variants"), ("query_offset", "grad.variants"))
+# The gradient clause of each keyword, in the order the blame tries them: softcap's derivative acts on dq and dk
+# directly; the key-choosing keywords and ALiBi through P; the learnable sink last, since taking it out of a row of
+# one key (whose softmax Jacobian is 0 without it) hides every other fault of that row.
+KEYWORD_CLAUSES = (("softcap", "grad.softcap"), ("sink_token_length", "grad.variants"),
+                   ("attention_chunk", "grad.variants"), ("key_leftpad", "grad.variants"),
+                   ("alibi_slopes", "grad.variants"), ("window", "grad.variants"), ("key_lengths", "grad.variants"),
+                   ("query_offset", "grad.variants"), ("learnable_sink", "grad.learnable-sink"))
 # The forward clause a variant gradient test judges the output of the same call under.
 FORWARD_CLAUSES = {"grad.softcap": "sdpa.softcap", "grad.learnable-sink": "sdpa.learnable-sink",
                    "grad.variants": "sdpa.variant-order"}
@@ -102,19 +103,21 @@ def _agrees(judge, case: Case, name: str) -> bool:
 
 def variant_blame(judge, case: Case, inputs: dict, name: str) -> tuple[str, str]:
     """(clause, note) for a variant case's gradient ``name`` beyond its tolerance: the gradient clause of the first
-    keyword (KEYWORD_CLAUSES) whose removal makes it agree; the plain clause (gqa_blame) when the case without any
-    of its keywords disagrees too; the test's own clause when only all of them together explain it. dsink is the
-    sink's own, always."""
-    if name == "dsink":
-        return GRAD_CLAUSE[name], ""
+    keyword (KEYWORD_CLAUSES) whose removal makes it agree; for dq, dk, dv and dmask the plain clause (gqa_blame)
+    when the case without any of its keywords disagrees too, and the test's own clause when only all of them
+    together explain it; for dsink grad.learnable-sink unless another keyword's removal explains it."""
     used = [n for n, _ in KEYWORD_CLAUSES if n in oracle.variant_options(case.inputs)]
-    if not _agrees(judge, _without(case, used), name):
+    if name == "dsink":
+        used = [n for n in used if n != "learnable_sink"]
+    elif not _agrees(judge, _without(case, used), name):
         clause, note = gqa_blame(judge, case, inputs, name)
         return clause, note + f"; it disagrees without {', '.join(used)} too: the plain backward is at fault"
-    for keyword, clause in KEYWORD_CLAUSES:
-        if keyword in used and (len(used) == 1 or _agrees(judge, _without(case, [keyword]), name)):
-            return clause, (f"; the same case without {keyword} agrees (and without every variant keyword): "
-                            f"{keyword}'s backward is at fault")
+    clauses = dict(KEYWORD_CLAUSES)
+    for keyword in used:
+        if (len(used) == 1 and name != "dsink") or _agrees(judge, _without(case, [keyword]), name):
+            return clauses[keyword], f"; the same case without {keyword} agrees: {keyword}'s backward is at fault"
+    if name == "dsink":
+        return GRAD_CLAUSE[name], ""
     return case.clauses[0], f"; it agrees without all of {', '.join(used)}, not without any one alone"
 
 

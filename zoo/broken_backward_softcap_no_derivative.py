@@ -1,0 +1,20 @@
+"""Broken: correct forward with every variant, a backward without softcap's derivative (ARRAY = "torch")."""
+from zoo import correct_torch_variant_backward as base
+
+BUG = "the backward passes dS on to dq and dk as it is, without softcap's derivative 1 - tanh^2(s / c): right only where the cap is nearly linear ("
+SOURCE = "s"
+EXPECTED_CLAUSES = frozenset({" << c).|issue 25 list (softcap's derivative omitted): a hand-written backward that recomputes P from the capped scores and forgets that the cap itself has a derivative; FlashAttention multiplies dS by dtanh (csrc/flash_attn/src/flash_bwd_kernel.h)|grad.softcap"})
+ARRAY = "torch"
+DTYPES = base.DTYPES
+
+
+class SDPA(base.VariantSDPA):
+    SOFTCAP_DERIVATIVE = False  # BUG: dT = dS, the cap's derivative 1 - tanh^2 taken as 1
+
+
+def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+         query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+         attention_chunk=None, key_leftpad=None):
+    return base.call(SDPA, q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                     query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
+                     sink_token_length=sink_token_length, attention_chunk=attention_chunk, key_leftpad=key_leftpad)
