@@ -14,6 +14,7 @@ from attention_conformance.implementations._arrays import ARRAY_KINDS
 from attention_conformance.implementations._registry import OPERATIONS, OPTIONAL_KEYWORDS, VARIANT_DEFAULTS
 
 EXTRA_KEYWORDS = {"sdpa": ("dropout_p",)}  # keywords a test looks for in the signature (test_dropout.py)
+VARIANT_OPERATIONS = ("sdpa", "multi_head_attention")  # the operations taking the variant keywords (mha.variants)
 
 
 def listing(impls: list[Implementation]) -> str:
@@ -57,14 +58,14 @@ def keyword_lines(impl: Implementation, op: str) -> list[str]:
     known = [k for k in (*OPTIONAL_KEYWORDS[op], *EXTRA_KEYWORDS.get(op, ())) if k not in VARIANT_DEFAULTS]
     if accepted is None:
         line = f"{op} keywords: any (**kwargs)"
-        if op == "sdpa":
+        if op in VARIANT_OPERATIONS:
             line += f"; variants: all ({', '.join(VARIANT_DEFAULTS)})"
     else:
         line = f"{op} keywords: {', '.join(k for k in known if k in accepted) or 'none'}"
         missing = [k for k in known if k not in accepted]
         if missing:
             line += f" (not: {', '.join(missing)})"
-        if op == "sdpa":
+        if op in VARIANT_OPERATIONS:
             variants = [k for k in VARIANT_DEFAULTS if k in accepted]
             line += f"; variants: {', '.join(variants) or 'none'}"
             if len(variants) < len(VARIANT_DEFAULTS):
