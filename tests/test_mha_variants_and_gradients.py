@@ -170,8 +170,10 @@ def test_the_analytic_backward_agrees_with_torch_float64_autograd(variants):
 def test_the_gradient_tolerance_without_variants_is_unchanged_and_variants_only_add():
     q, k, v, d_out, mask = grad_inputs(2)
     plain = backward_allowed(q, k, v, d_out, mask, True, None, "float32")
-    assert all(np.array_equal(plain[n], backward_allowed(q, k, v, d_out, mask, True, None, "float32",
-                                                         query_lengths=None)[n]) for n in plain)
+    # Keywords that remove no key take the variants' code paths and leave the allowance bit for bit.
+    no_op = backward_allowed(q, k, v, d_out, mask, True, None, "float32", window=(None, None),
+                             key_lengths=np.array([7, 7]), query_lengths=np.array([5, 5]))
+    assert all(np.array_equal(plain[n], no_op[n]) for n in plain)
     # A sink far below every score changes no weight: the allowance only grows, and barely.
     far = backward_allowed(q, k, v, d_out, mask, True, None, "float32", learnable_sink=np.full(4, -80.0))
     assert set(far) == set(plain) | {"dsink"}
