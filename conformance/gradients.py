@@ -108,9 +108,11 @@ def _constants() -> dict[str, float]:
 
 
 def _variant_constants(constants: dict[str, float] | None) -> dict[str, float]:
-    """c_softcap, c_alibi, c_sink of spec/tolerances.yaml's variants section as they enter the backward: unscaled
-    (the sdpa_backward c_score they are multiplied by carries the safety factor), or the calibration's own."""
-    raw = {key: float(value) for key, value in model()["variants"].items() if key.startswith("c_")}
+    """c_alibi and c_sink of spec/tolerances.yaml's variants section and c_tanh of its variant_gradients section as
+    they enter the backward: unscaled (the sdpa_backward c_score they are multiplied by carries the safety factor),
+    or the calibration's own."""
+    raw = {key: float(value) for section in ("variants", "variant_gradients")
+           for key, value in model()[section].items() if key.startswith("c_")}
     return raw if constants is None else {key: constants.get(key, value) for key, value in raw.items()}
 
 
@@ -158,10 +160,11 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str,
     if sink is not None:
         top = np.maximum(top, sink)
     shift = np.where(attended, np.abs(s - top), 0.0)
-    # (softcap: s / c, tanh and c * t rounded, u (|t| + |s|); ALiBi: slope * distance rounded and added, u |bias|)
+    # (softcap: t / c rounded moves s by at most u |t|, tanh's own error c_tanh u |y| by c_tanh u |s|, the product by
+    # c u |s|; ALiBi: slope * distance rounded and added, u |bias|)
     extra = 0.0
     if variants.get("softcap") is not None:
-        extra = extra + cv["c_softcap"] * (np.abs(a["t"]) + np.abs(a["capped"]))
+        extra = extra + np.abs(a["t"]) + (cv["c_tanh"] + 1.0) * np.abs(a["capped"])
     if variants.get("alibi_slopes") is not None:
         extra = extra + cv["c_alibi"] * np.abs(oracle.alibi_bias(variants["alibi_slopes"], lq, lk,
                                                                  variants.get("query_offset", 0)))
@@ -200,16 +203,16 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str,
     final = c["c_out"] * eta  # the result's own underflow
     # scale * dS may underflow (eta per element) before the product with K or Q
     scaled_ds_underflow = c["c_out"] * eta * attended
-    # 5. softcap: dT = dS * G, G = 1 - y^2, y = tanh(t / c). y carries the score's error through tanh' = G and the
-    #    rounding of t / c and of tanh; G the rounding of y^2 and of the difference: |dG| <= 2 |y| |dy| + u; the
-    #    product dS * G (and the cap's factors c and 1 / c of an autodiff chain) c_softcap u |dS| G.
+    # 5. softcap: dT = dS * G, G = 1 - y^2, y = tanh(t / c). y carries the score's error through tanh' = G, the
+    #    rounding of t / c and tanh's own error c_tanh u |y|; G the rounding of y^2 and of the difference:
+    #    |dG| <= 2 |y| |dy| + u; the products of an autodiff chain dS * c * G / c three roundings of dT.
     dt_err, abs_dt = ds_err, abs_ds
     if variants.get("softcap") is not None:
         cap, g = abs(float(variants["softcap"])), a["softcap_slope"]
         y = np.abs(a["capped"]) / cap
-        dy = g * (score_err + u * np.abs(a["t"])) / cap + cv["c_softcap"] * u * y
+        dy = g * (score_err + u * np.abs(a["t"])) / cap + cv["c_tanh"] * u * y
         dg = c["c_out"] * (2.0 * y * dy + u)
-        dt_err = ds_err * g + abs_ds * dg + cv["c_softcap"] * u * abs_ds * g
+        dt_err = ds_err * g + abs_ds * dg + 3.0 * c["c_out"] * u * abs_ds * g
         abs_dt = abs_ds * g
 
     allowed = {
