@@ -87,14 +87,7 @@ class Attribution:
             if mask is not None and mask.shape != target and own != "mask.broadcast":
                 yield ("mask.broadcast", "with the mask broadcast to (B, Hq, Lq, Lk) beforehand",
                        derived("mask broadcast", mask=np.broadcast_to(mask, target).copy()))
-        # With a query_offset the causal band is that clause's (sdpa.query-offset), not the top-left one's.
-        causal_clause = "sdpa.query-offset" if inputs.get("query_offset") else "causal.top-left"
-        if inputs.get("is_causal") and not any(c.startswith("causal.") for c in about) and causal_clause not in about:
-            yield causal_clause, "without is_causal", derived("without is_causal", is_causal=False)
-        if mask is not None and not any(c.startswith("mask.") or c.startswith("causal.") for c in about):
-            own_mask = "mask.bool-true-attends" if mask.dtype == np.bool_ else "mask.float-additive"
-            yield own_mask, "without the mask", derived("without the mask", mask=None)
-        if case.op == "multi_head_attention":
+        if case.op == "multi_head_attention":  # its variant keywords first: what an MHA variant case is drawn for
             for name in (n for n in MHA_VARIANT_PROBES if n in oracle.variant_options(inputs)):
                 clause = next(c for c, names in VARIANT_CLAUSE_KEYWORDS.items() if names == (name,)) \
                     if name != "key_lengths" else "sdpa.varlen"
@@ -102,6 +95,13 @@ class Attribution:
                     dropped = ("key_lengths", "query_lengths") if name == "key_lengths" else (name,)
                     yield clause, f"without {name}", derived(f"without {name}",
                                                              **{n: VARIANT_DEFAULTS[n] for n in dropped})
+        # With a query_offset the causal band is that clause's (sdpa.query-offset), not the top-left one's.
+        causal_clause = "sdpa.query-offset" if inputs.get("query_offset") else "causal.top-left"
+        if inputs.get("is_causal") and not any(c.startswith("causal.") for c in about) and causal_clause not in about:
+            yield causal_clause, "without is_causal", derived("without is_causal", is_causal=False)
+        if mask is not None and not any(c.startswith("mask.") or c.startswith("causal.") for c in about):
+            own_mask = "mask.bool-true-attends" if mask.dtype == np.bool_ else "mask.float-additive"
+            yield own_mask, "without the mask", derived("without the mask", mask=None)
         if case.op == "sdpa":
             q, v = inputs["q"], inputs["v"]
             if v.shape[-1] != q.shape[-1] and not about & {"sdpa.value-dim", "sdpa.output-shape"}:
