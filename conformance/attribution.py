@@ -36,11 +36,12 @@ VARIANT_CLAUSE_KEYWORDS = {
 }
 # multi_head_attention's variant cases (mha.variants) carry several keywords; each is taken out in turn, the one
 # whose keys or bias others build on last (sink tokens act only beside the window's left edge, ALiBi moves with the
-# offset, so a fault of theirs passes without the window or the offset too), the learnable sink after all: it
-# changes every row's weights, so a row that passes without it can hide another keyword's fault (a dropped window
-# was once filed under sdpa.learnable-sink).
-MHA_VARIANT_PROBES = ("sink_token_length", "attention_chunk", "key_leftpad", "softcap", "alibi_slopes", "window",
-                      "key_lengths", "query_offset", "learnable_sink")
+# offset, so a fault of theirs passes without the window or the offset too), then softcap and the learnable sink,
+# which change every score or weight of a row: a case can pass without them while another keyword is at fault (in
+# 20 fresh runs each, a scaled ALiBi was once filed under sdpa.softcap and a dropped window under
+# sdpa.learnable-sink when they came earlier).
+MHA_VARIANT_PROBES = ("sink_token_length", "attention_chunk", "key_leftpad", "alibi_slopes", "window", "key_lengths",
+                      "query_offset", "softcap", "learnable_sink")
 
 
 def _size(inputs: dict) -> int:

@@ -116,8 +116,8 @@ def _variant_constants(constants: dict[str, float] | None) -> dict[str, float]:
     return raw if constants is None else {key: constants.get(key, value) for key, value in raw.items()}
 
 
-def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str,
-                     constants: dict[str, float] | None = None, tf32: bool = False, **variants) -> dict[str, np.ndarray]:
+def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constants: dict[str, float] | None = None,
+                     tf32: bool = False, **variants) -> dict[str, np.ndarray]:
     """Allowed absolute error per element of dq, dk, dv (and dmask for a float mask, dsink for a learnable sink).
 
     ``constants`` overrides the spec's (already multiplied by the safety factor);
