@@ -17,7 +17,9 @@ from zoo import correct_sink_chunk_leftpad_reference as per_head
 BUG = "none"
 SOURCE = "README 'The contract' (multi_head_attention's variant keywords, issue 25); spec/clauses.yaml mha.variants"
 EXPECTED_CLAUSES = frozenset()
-DTYPES = ("float64", "float32", "float16", "bfloat16")
+# float64 and float32: the self-check runs every fixture and MHA property in each declared dtype (93 s with all four
+# on the 2-core machine); numpy_native and torch_math judge MHA's variants in 16-bit in every default run.
+DTYPES = ("float64", "float32")
 
 
 def head_options(h: int, window=None, softcap=None, alibi_slopes=None, query_offset=0, key_lengths=None,
