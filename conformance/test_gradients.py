@@ -168,20 +168,26 @@ def _worst(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
     return error, ratio, worst
 
 
+def gradient_agrees(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
+    """A diagnosis probe: whether the implementation's gradient ``name`` at ``inputs`` (rounded) agrees with the
+    analytic backward; False when it cannot tell (raised, missing, wrong shape). Records nothing."""
+    try:
+        got = judge.limited(case, gradients, judge.impl, inputs, inputs["d_out"], judge.device)
+    except Exception:
+        return False
+    want, allowed = _expected(inputs, judge)
+    if got.get(name) is None or got[name].shape != want[name].shape:
+        return False
+    _, ratio, worst = _worst(got[name], want[name], allowed[name])
+    return bool(ratio[worst] <= 1.0)
+
+
 def _per_head_gradients_agree(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
     """GQA diagnosis: the gradient ``name`` with the kv heads repeated to Hq (no GQA) agrees with the oracle."""
     hq = inputs["q"].shape[1]
     expanded = dict(inputs, k=oracle.repeat_kv_heads(inputs["k"], hq).astype(inputs["k"].dtype),
                     v=oracle.repeat_kv_heads(inputs["v"], hq).astype(inputs["v"].dtype))
-    try:
-        got = judge.limited(case, gradients, judge.impl, expanded, expanded["d_out"], judge.device)
-    except Exception:
-        return False
-    want, allowed = _expected(expanded, judge)
-    if got.get(name) is None or got[name].shape != want[name].shape:
-        return False
-    _, ratio, worst = _worst(got[name], want[name], allowed[name])
-    return bool(ratio[worst] <= 1.0)
+    return gradient_agrees(judge, case, expanded, name)
 
 
 def gqa_blame(judge: Judge, case: Case, inputs: dict, name: str) -> tuple[str, str]:

@@ -22,12 +22,10 @@ from attention_conformance.conformance import oracle
 from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.checks import unsupported
 from attention_conformance.conformance.covering import CannotBuild, DeterministicDraw
-from attention_conformance.conformance.gradients import gradients
 from attention_conformance.conformance.strategies import (SINK_FEATURES, VARIANTS, _outside_region, _runs_variant,
                                                           sink_chunk_leftpad_cases)
-from attention_conformance.conformance.test_gradients import (GRAD_CLAUSE, _expected, _judge, _without_autodiff,
-                                                              _worst, gqa_blame, judge_gradients,
-                                                              with_upstream_gradient)
+from attention_conformance.conformance.test_gradients import (GRAD_CLAUSE, _judge, _without_autodiff, gqa_blame,
+                                                              gradient_agrees, judge_gradients, with_upstream_gradient)
 from attention_conformance.conformance.test_properties import property_test
 from attention_conformance.implementations._registry import VARIANT_DEFAULTS, missing_keywords_message
 
@@ -110,16 +108,7 @@ def _without(case: Case, names) -> Case:
 
 def _agrees(judge, case: Case, name: str) -> bool:
     """Whether the implementation's gradient ``name`` of ``case`` agrees with the analytic backward."""
-    inputs = case.rounded(judge.dtype)
-    try:
-        got = judge.limited(case, gradients, judge.impl, inputs, inputs["d_out"], judge.device)
-    except Exception:  # noqa: BLE001 -- no evidence either way
-        return False
-    want, allowed = _expected(inputs, judge)
-    if got.get(name) is None or got[name].shape != want[name].shape:
-        return False
-    _, ratio, worst = _worst(got[name], want[name], allowed[name])
-    return bool(ratio[worst] <= 1.0)
+    return gradient_agrees(judge, case, case.rounded(judge.dtype), name)
 
 
 def variant_blame(judge, case: Case, inputs: dict, name: str) -> tuple[str, str]:

@@ -15,9 +15,4 @@ class SDPA(base.VariantSDPA):
     SINK_SIGN = 1.0  # BUG: dsink = +sum P_sink r
 
 
-def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-         query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-         attention_chunk=None, key_leftpad=None):
-    return base.call(SDPA, q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                     query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
-                     sink_token_length=sink_token_length, attention_chunk=attention_chunk, key_leftpad=key_leftpad)
+sdpa = base.sdpa_of(SDPA)

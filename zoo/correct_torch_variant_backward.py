@@ -149,11 +149,20 @@ def call(function, q, k, v, mask=None, is_causal=False, scale=None, *, window=No
     return function.apply(q, k, v, mask, learnable_sink, options)
 
 
-def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-         query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-         attention_chunk=None, key_leftpad=None):
-    # query_lengths only marks padding rows, which the contract leaves unspecified: every row is computed.
-    return call(VariantSDPA, q, k, v, mask, is_causal, scale, window=window, softcap=softcap,
-                alibi_slopes=alibi_slopes, query_offset=query_offset, key_lengths=key_lengths,
-                learnable_sink=learnable_sink, sink_token_length=sink_token_length, attention_chunk=attention_chunk,
-                key_leftpad=key_leftpad)
+def sdpa_of(function):
+    """The contract's sdpa (every variant keyword in its signature) around ``function`` (VariantSDPA or a broken
+    member's subclass)."""
+
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+             attention_chunk=None, key_leftpad=None):
+        # query_lengths only marks padding rows, which the contract leaves unspecified: every row is computed.
+        return call(function, q, k, v, mask, is_causal, scale, window=window, softcap=softcap,
+                    alibi_slopes=alibi_slopes, query_offset=query_offset, key_lengths=key_lengths,
+                    learnable_sink=learnable_sink, sink_token_length=sink_token_length,
+                    attention_chunk=attention_chunk, key_leftpad=key_leftpad)
+
+    return sdpa
+
+
+sdpa = sdpa_of(VariantSDPA)
