@@ -32,13 +32,15 @@ from attention_conformance.implementations._registry import VARIANT_DEFAULTS, mi
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
 
-# The gradient clause of each keyword, in the order the blame tries them: softcap's derivative acts on dq and dk
-# directly; the key-choosing keywords and ALiBi through P; the learnable sink last, since taking it out of a row of
-# one key (whose softmax Jacobian is 0 without it) hides every other fault of that row.
-KEYWORD_CLAUSES = (("softcap", "grad.softcap"), ("sink_token_length", "grad.variants"),
-                   ("attention_chunk", "grad.variants"), ("key_leftpad", "grad.variants"),
-                   ("alibi_slopes", "grad.variants"), ("window", "grad.variants"), ("key_lengths", "grad.variants"),
-                   ("query_offset", "grad.variants"), ("learnable_sink", "grad.learnable-sink"))
+# The gradient clause of each keyword, in the order the blame tries them: first the keywords that only choose keys
+# or add a constant bias (taking one out adds keys, which hides no other fault), then softcap and the learnable sink,
+# which change every score or weight of a row: a case can agree without them while another keyword is at fault (a
+# window the backward forgot was filed under grad.softcap when softcap came first; softcap's derivative under
+# grad.learnable-sink in a one-key row, whose softmax Jacobian is 0 without the sink, when the sink came first).
+KEYWORD_CLAUSES = (("sink_token_length", "grad.variants"), ("attention_chunk", "grad.variants"),
+                   ("key_leftpad", "grad.variants"), ("alibi_slopes", "grad.variants"), ("window", "grad.variants"),
+                   ("key_lengths", "grad.variants"), ("query_offset", "grad.variants"), ("softcap", "grad.softcap"),
+                   ("learnable_sink", "grad.learnable-sink"))
 # The forward clause a variant gradient test judges the output of the same call under.
 FORWARD_CLAUSES = {"grad.softcap": "sdpa.softcap", "grad.learnable-sink": "sdpa.learnable-sink",
                    "grad.variants": "sdpa.variant-order"}
@@ -112,19 +114,26 @@ def _agrees(judge, case: Case, name: str) -> bool:
 
 
 def variant_blame(judge, case: Case, inputs: dict, name: str) -> tuple[str, str]:
-    """(clause, note) for a variant case's gradient ``name`` beyond its tolerance: the gradient clause of the first
-    keyword (KEYWORD_CLAUSES) whose removal makes it agree; for dq, dk, dv and dmask the plain clause (gqa_blame)
-    when the case without any of its keywords disagrees too, and the test's own clause when only all of them
-    together explain it; for dsink grad.learnable-sink unless another keyword's removal explains it."""
+    """(clause, note) for a variant case's gradient ``name`` beyond its tolerance.
+
+    For dq, dk, dv and dmask: the plain clause (gqa_blame) when the case without any of its keywords disagrees too;
+    else the gradient clause (KEYWORD_CLAUSES) of the first keyword that alone, the others taken out, reproduces the
+    disagreement; else of the first whose removal makes it agree; else the test's own clause (only all of them
+    together explain it). For dsink the same over the other keywords, grad.learnable-sink when none explains it."""
     used = [n for n, _ in KEYWORD_CLAUSES if n in oracle.variant_options(case.inputs)]
+    clauses = dict(KEYWORD_CLAUSES)
     if name == "dsink":
         used = [n for n in used if n != "learnable_sink"]
     elif not _agrees(judge, _without(case, used), name):
         clause, note = gqa_blame(judge, case, inputs, name)
         return clause, note + f"; it disagrees without {', '.join(used)} too: the plain backward is at fault"
-    clauses = dict(KEYWORD_CLAUSES)
+    alone = used if name != "dsink" else []  # dsink needs the sink: no keyword is alone beside it
+    for keyword in alone:
+        if len(used) == 1 or not _agrees(judge, _without(case, [n for n in used if n != keyword]), name):
+            return clauses[keyword], (f"; the same case with {keyword} alone disagrees too (and agrees without every "
+                                      f"variant keyword): {keyword}'s backward is at fault")
     for keyword in used:
-        if (len(used) == 1 and name != "dsink") or _agrees(judge, _without(case, [keyword]), name):
+        if _agrees(judge, _without(case, [keyword]), name):
             return clauses[keyword], f"; the same case without {keyword} agrees: {keyword}'s backward is at fault"
     if name == "dsink":
         return GRAD_CLAUSE[name], ""
