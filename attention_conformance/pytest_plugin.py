@@ -10,7 +10,7 @@ named (--impl, --list-impls), or the run is in the suite's own source checkout. 
 load spec/ and fixtures/, register and load its Hypothesis profiles, default to xdist and set the
 defaults the suite's pyproject.toml gives a checkout (pytest reads the ini file of the user's
 project, never the suite's): the `conformance`/`selfcheck`/`op`/`large_shapes` markers, a 120 s
-per-test timeout, -rfExX, and JAX's DeprecationWarnings ignored.
+per-test timeout, -rExX, and JAX's DeprecationWarnings ignored.
 
 In those runs the per-test timeout raises an exception Hypothesis does not take for a failing example
 (conformance/time_limit.py: pytest-timeout's own had Hypothesis shrink past the limit), and SIGTERM
@@ -48,7 +48,10 @@ MARKERS = (
     "large_shapes: opt-in sdpa cases at realistic sizes, run with --large-shapes",
 )
 DEFAULT_TIMEOUT = 120  # seconds per test (pytest-timeout), as pyproject.toml's `timeout`
-DEFAULT_REPORT_CHARS = "fExX"  # failures, errors and declared deviations (xfail/xpass) by name
+# Errors and declared deviations (xfail/xpass) by name. Not pytest's list of failed tests ("f"): each failure's block
+# names its test, and the conformance summary above the list names the causes and clauses (README, "Reading a
+# failure"); -rf brings the list back.
+DEFAULT_REPORT_CHARS = "ExX"
 
 
 def pytest_addoption(parser):
@@ -94,6 +97,28 @@ def pytest_addoption(parser):
     group.addoption("--large-shapes", action="store_true", default=False,
                     help="also run conformance/test_large_shapes.py: sdpa at Lk up to 16384, D 128, judged by the "
                     "blocked float64 oracle (slow; see docs/large-shapes.md).")
+    _add_runner_options(group)
+
+
+def _add_runner_options(group) -> None:
+    """Options for runs across several runners and over time: shards, environment labels, baselines (docs/ci.md)."""
+    group.addoption("--shard", metavar="I/N", default=None,
+                    help="run the I-th of N shares of the selected items (1 <= I <= N), balanced by measured "
+                    "duration; needs --conformance-report. `attention-conformance merge` puts the N reports back "
+                    "together and applies the coverage rule to the whole run (docs/ci.md).")
+    group.addoption("--shard-durations", metavar="PATH", default=None,
+                    help="durations file balancing --shard (default: the suite's conformance/durations.json; "
+                    "`attention-conformance merge --durations-out PATH` writes one from a run's reports). A missing "
+                    "file is no error: items then weigh by their test function.")
+    group.addoption("--environment-label", metavar="TEXT", default=None,
+                    help="name this runner's environment in the report (e.g. the GPU kind of a CI matrix entry): "
+                    "merged reports never sum runs with different labels into one cell.")
+    group.addoption("--baseline", metavar="OLD.json", default=None,
+                    help="compare this run with an earlier report (a runner's or a merged one): clauses newly broken, "
+                    "fixed, deviations added or gone, in the summary and the report. The exit status is unchanged.")
+    group.addoption("--fail-on-regression", action="store_true", default=False,
+                    help="with --baseline: exit 1 when a clause broke that was not broken in the baseline, and 0 "
+                    "when every failure was already there (only new breakage fails).")
 
 
 # ------------------------------------------------------------- engagement
@@ -180,6 +205,16 @@ def pytest_configure(config):
     _ACTIVE["config"] = config
 
 
+def pytest_sessionstart(session):
+    """The compile caches, under pytest's cache directory: it exists only after every pytest_configure (pytest's
+    own is tryfirst too, and runs after this plugin's), and this runs before xdist starts its workers (its
+    sessionstart is trylast), which inherit the variables, and before any framework is imported."""
+    if engaged(session.config):
+        from attention_conformance.conformance import plugin as support
+
+        support.share_jax_compilations(session.config)
+
+
 def pytest_unconfigure(config):
     if _ACTIVE["config"] is config:
         from attention_conformance.conformance import plugin as support
@@ -210,6 +245,7 @@ def pytest_collection_modifyitems(config, items):
         support.deselect_selfcheck_for_user_impls(config, items)
         support.deselect_absent_devices(config, items)
         support.skip_large_shapes_unless_opted_in(config, items)
+        support.keep_this_shard(config, items)  # last: the shares are of what every other rule left
 
 
 def pytest_collection_finish(session):
@@ -237,6 +273,23 @@ def pytest_runtest_protocol(item, nextitem):
             from attention_conformance.conformance import plugin as support
 
             support.item_done(item.config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Where the item ran: a failure by verdicts alone is marked so (for --fail-on-regression, conformance/
+    baseline.py); a test that failed with verdicts gets their repro files saved and each printed as a short block
+    (conformance/failure_block.py)."""
+    report = yield
+    if engaged(item.config):
+        from attention_conformance.conformance import baseline
+
+        baseline.mark_verdict(report, call)
+        if call.excinfo is not None:
+            from attention_conformance.conformance import failure_block
+
+            failure_block.after_test(item, call, report)
+    return report
 
 
 @pytest.hookimpl(wrapper=True)
@@ -299,6 +352,16 @@ def pytest_sessionfinish(session, exitstatus):
         support.finish(session)
 
 
+def pytest_runtest_logreport(report):
+    """Each item's phases, on the controller (xdist forwards the workers' reports) or the only process: its
+    measured duration (for --shard) and whether it failed (for --fail-on-regression)."""
+    config = _ACTIVE["config"]
+    if config is not None and not hasattr(config, "workerinput"):
+        from attention_conformance.conformance import plugin as support
+
+        support.logreport(report)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config, specs):
     """pytest-xdist: before the workers start, give each its share of the cores (they inherit the variables)."""
@@ -317,6 +380,15 @@ def pytest_configure_node(node):
         from attention_conformance.conformance import plugin as support
 
         support.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodeready(node):
+    """pytest-xdist: a failure block names its test and its verdict; the worker's platform and interpreter line
+    above each ("[gw0] linux -- Python 3.11.7 /path/python", from pytest's report, which caches it on the node)
+    is one line of every block that says nothing about the implementation: left out under the suite."""
+    if engaged(node.config):
+        node._workerinfocache = ""
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -15,6 +15,13 @@ before its end (SIGTERM, Ctrl-C, -x) is not held to the rule: its report says it
 
 Under xdist the workers collect and run; each sends which (implementation, operation)
 pairs it had runnable items for, and the controller decides.
+
+A shard of a split run (``--shard I/N``, conformance/shards.py) runs a part of the items, so its own counts say
+nothing about rules 1 and 3: a shard may hold none, or only unsupported, cases of an implementation that the
+other shards judge plenty of. It applies rule 2, which depends only on the whole selection (every shard collects
+all of it before keeping its share, so every shard reaches the same verdict), and writes what rules 1 and 3 need
+into its report (``coverage_rule``: the whole run's runnable pairs, its collected count, the floor);
+``attention-conformance merge`` applies them to the cases of all N shards together (conformance/merge.py).
 """
 from __future__ import annotations
 
@@ -29,15 +36,18 @@ from .report import JUDGED, distinct
 RUNNABLE: set[tuple[str, str]] = set()  # (implementation, operation) with a runnable item in this run
 COLLECTED = [0]  # conformance items collected, runnable or not (deselected for an absent device included)
 ABSENT: Counter = Counter()  # (device, implementation) -> items deselected because the device is absent here
+# A shard's whole run, before it kept its share: runnable pairs and conformance items collected (absent included).
+WHOLE_RUN: dict = {"runnable": set(), "collected": 0, "sharded": False}
 PROBLEMS_KEY = pytest.StashKey[list]()
 
 
-def note_collection(items) -> None:
-    """After deselection: remember which implementations and operations have runnable items."""
+def _runnable(items) -> tuple[int, set[tuple[str, str]]]:
+    """How many conformance items there are, and the (implementation, operation) pairs with a runnable one."""
+    collected, pairs = 0, set()
     for item in items:
         if item.get_closest_marker("conformance") is None or item.get_closest_marker("selfcheck"):
             continue
-        COLLECTED[0] += 1  # an empty parameter set (nothing runnable here) counts too
+        collected += 1  # an empty parameter set (nothing runnable here) counts too
         callspec = getattr(item, "callspec", None)
         impl = callspec.params.get("impl") if callspec else None
         if impl is None or not hasattr(impl, "name"):
@@ -48,7 +58,21 @@ def note_collection(items) -> None:
         marker = item.get_closest_marker("op")
         op = fixture.op if fixture is not None else (marker.args[0] if marker else None)
         if op is not None:
-            RUNNABLE.add((impl.name, op))
+            pairs.add((impl.name, op))
+    return collected, pairs
+
+
+def note_collection(items) -> None:
+    """After deselection: remember which implementations and operations have runnable items."""
+    collected, pairs = _runnable(items)
+    COLLECTED[0] += collected
+    RUNNABLE.update(pairs)
+
+
+def note_whole_run(items) -> None:
+    """A shard, before it keeps its share of ``items``: what the whole run collects (rules 2, and 1 and 3 at merge)."""
+    collected, pairs = _runnable(items)
+    WHOLE_RUN.update(runnable=pairs, collected=collected + sum(ABSENT.values()), sharded=True)
 
 
 def note_absent(items) -> None:
@@ -63,6 +87,8 @@ def send(config) -> None:
     config.workeroutput["conformance_runnable"] = sorted(RUNNABLE)
     config.workeroutput["conformance_collected"] = COLLECTED[0]
     config.workeroutput["conformance_absent"] = [[device, impl, n] for (device, impl), n in ABSENT.items()]
+    if WHOLE_RUN["sharded"]:
+        config.workeroutput["conformance_whole_run"] = [sorted(WHOLE_RUN["runnable"]), WHOLE_RUN["collected"]]
 
 
 def receive(node) -> None:
@@ -72,6 +98,10 @@ def receive(node) -> None:
     COLLECTED[0] = max(COLLECTED[0], output.get("conformance_collected", 0))
     for device, impl, n in output.get("conformance_absent", []):
         ABSENT[(device, impl)] = max(ABSENT[(device, impl)], n)
+    if "conformance_whole_run" in output:
+        runnable, collected = output["conformance_whole_run"]
+        WHOLE_RUN.update(runnable=WHOLE_RUN["runnable"] | {tuple(pair) for pair in runnable},
+                         collected=max(WHOLE_RUN["collected"], collected), sharded=True)
 
 
 def absent_lines() -> list[str]:
@@ -83,10 +113,11 @@ def absent_lines() -> list[str]:
             f"({', '.join(sorted(impl for impl, _ in who))})" for device, who in sorted(by_device.items())]
 
 
-def _judged_and_unsupported():
+def judged_and_unsupported(records):
+    """Judged cases per (implementation, operation), and the unsupported ones' reasons, of distinct ``records``."""
     judged: Counter = Counter()
     unsupported: dict[tuple[str, str], Counter] = defaultdict(Counter)
-    for rec in distinct(checks.RECORDS):  # a replayed example is one case (as the summary counts)
+    for rec in distinct(records):  # a replayed example is one case (as the summary counts)
         key = (rec.implementation, rec.op)
         if rec.status in JUDGED:
             judged[key] += 1
@@ -95,28 +126,53 @@ def _judged_and_unsupported():
     return judged, unsupported
 
 
-def problems(config, impls, user_named: set[str], why_not_runnable) -> list[str]:
-    """The coverage rule's violations, one line each (empty: the run judged enough)."""
-    floor = config.getoption("min_judged")
-    judged, unsupported = _judged_and_unsupported()
+def floor_problems(names, runnable, records, floor: int, collected: int) -> list[str]:
+    """Rules 1 and 3 over ``records``: each runnable (implementation, operation) pair of ``names`` judged at least
+    ``floor`` cases, and a run that collected conformance items judged some. Also applied by
+    ``attention-conformance merge`` to the records of all shards of a split run."""
+    judged, unsupported = judged_and_unsupported(records)
     lines = []
-    for impl in impls:
-        pairs = sorted(op for name, op in RUNNABLE if name == impl.name)
-        if not pairs and impl.name in user_named:
-            lines.append(f"{impl.name}: no case could run in this run: {why_not_runnable(impl)}")
-        for op in pairs:
-            count = judged[(impl.name, op)]
+    for name in names:
+        for op in sorted(op for impl_name, op in runnable if impl_name == name):
+            count = judged[(name, op)]
             if count >= floor:
                 continue
-            reasons = unsupported[(impl.name, op)]
+            reasons = unsupported[(name, op)]
             why = ""
             if reasons:
                 reason, n = reasons.most_common(1)[0]
                 why = f"; {sum(reasons.values())} unsupported, most often ({n}x): {reason}"
-            lines.append(f"{impl.name}: {count} {op} case(s) judged, fewer than --min-judged {floor}{why}")
-    if COLLECTED[0] and not sum(judged.values()) and not lines:
-        lines.append("no case was judged in this run (every conformance test was deselected, skipped or unsupported)")
+            lines.append(f"{name}: {count} {op} case(s) judged, fewer than --min-judged {floor}{why}")
+    if collected and not sum(judged.values()) and not lines:
+        lines.append(NOTHING_JUDGED)
     return lines
+
+
+NOTHING_JUDGED = "no case was judged in this run (every conformance test was deselected, skipped or unsupported)"
+
+
+def problems(config, impls, user_named: set[str], why_not_runnable) -> list[str]:
+    """The coverage rule's violations, one line each (empty: the run judged enough). A shard applies rule 2 on the
+    whole run's collection and leaves rules 1 and 3 to the merge (the module's docstring)."""
+    runnable = WHOLE_RUN["runnable"] if WHOLE_RUN["sharded"] else RUNNABLE
+    lines = []
+    for impl in impls:
+        if impl.name in user_named and not any(name == impl.name for name, _ in runnable):
+            lines.append(f"{impl.name}: no case could run in this run: {why_not_runnable(impl)}")
+    if WHOLE_RUN["sharded"]:
+        return lines
+    floor = floor_problems([impl.name for impl in impls], RUNNABLE, checks.RECORDS, config.getoption("min_judged"),
+                           COLLECTED[0])
+    return lines + [line for line in floor if not (lines and line == NOTHING_JUDGED)]
+
+
+def deferred_rule(config) -> dict | None:
+    """A shard's report ``coverage_rule``: what the merge needs to apply rules 1 and 3 to the whole run."""
+    if not WHOLE_RUN["sharded"]:
+        return None
+    return {"applied": "at merge", "min_judged": config.getoption("min_judged"),
+            "allow_unjudged": bool(config.getoption("allow_unjudged")),
+            "runnable": [list(pair) for pair in sorted(WHOLE_RUN["runnable"])], "collected": WHOLE_RUN["collected"]}
 
 
 def enforce(session, impls, user_named: set[str], why_not_runnable) -> None:

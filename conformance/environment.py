@@ -63,3 +63,18 @@ def environment() -> dict:
     _merge_environment(merged, local_environment())
     _merge_environment(merged, WORKER_ENVIRONMENT)
     return {**merged, "platform": platform.platform()}
+
+
+def united(environments: list[dict]) -> dict:
+    """Several reports' ``environment`` as one (the shards of one split run, the runs of one merged environment):
+    versions and device lists merged as the controller merges its workers'; platform, machine, label and installed
+    versions from the first that has them."""
+    merged: dict = {"versions": {}, "devices": {}}
+    for env in environments:
+        _merge_environment(merged, env)
+    out = {**merged, "platform": next((env["platform"] for env in environments if env.get("platform")), "")}
+    for key in ("machine", "label", "installed"):
+        found = next((env[key] for env in environments if env.get(key)), None)
+        if found:
+            out[key] = found
+    return out

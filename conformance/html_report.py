@@ -185,6 +185,11 @@ def _header(report: dict, path: Path) -> str:
          "the counts and cases are those judged before it stopped"),
         ("report schema", f"version {e(report.get('schema_version'))}{json_link}"),
     ]
+    shard = report.get("shard")
+    if shard:
+        rows.append(("shard", f"{e(shard.get('index'))}/{e(shard.get('count'))}: {e(shard.get('items'))} of "
+                              f"{e(shard.get('of'))} items; <code>attention-conformance merge</code> puts the "
+                              f"{e(shard.get('count'))} reports together and applies the coverage rule to all"))
     meta = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
     return f'<h1>attention-conformance report</h1><table class="meta">{meta}</table>'
 
@@ -506,7 +511,7 @@ def _render_plot(points: list[dict], names: list[str], Figure, FigureCanvasAgg) 
 
 
 def _split_message(message: str) -> tuple[str, str, str]:
-    """A failure message as (its problem line, its worst-element line, the repro snippet or "")."""
+    """A failure message as (its problem line, its worst-element line, the repro command or "")."""
     from .report import REPRO_HEADING, REPRO_LEFT_OUT
 
     problem = worst = ""
@@ -547,7 +552,7 @@ def _failures(cases: list[dict]) -> str:
     out.append(f'<p>{len(failed)} failed case record(s) in {len(groups)} group(s) (implementation × test × clause × '
                "device × dtype). Each row is the last record of its group — for a Hypothesis property, the "
                "shrunk example it reported: its case, the problem, the worst element and the ratio error / allowed "
-               "there. Open <i>message and repro</i> for the whole verdict and a snippet that reproduces it.</p>")
+               "there. Open <i>message and repro</i> for the whole verdict and the command that replays it.</p>")
     rows = []
     for key in keys[:MAX_FAILURE_GROUPS]:
         records = groups[key]
@@ -596,6 +601,45 @@ def _other_outcomes(cases: list[dict]) -> str:
             + _table(["implementation", "status", "clause", "reason", "cases"], rows, numeric=[4]))
 
 
+def baseline_section(result: dict | None) -> str:
+    """--baseline: the cells that changed since the earlier report (conformance/baseline.py), newly broken first."""
+    if not result:
+        return ""
+    suite = result.get("suite") or {}
+    out = ["<h2>Compared with the baseline</h2>",
+           f'<p>Baseline <span class="mono">{e(result.get("source"))}</span>, written by suite '
+           f'{e(suite.get("version"))} <span class="mono">{e((suite.get("commit") or "")[:10])}</span>'
+           + (" (the spec differs: clauses, tolerances or fixtures changed)"
+              if result.get("same_spec") is False else "")
+           + ".</p>"]
+    if result.get("no_change"):
+        out.append('<p><span class="badge ok">no change</span> Nothing newly broken or fixed, no deviation added or '
+                   "gone.</p>")
+    several = len(result.get("environments") or []) > 1
+    kinds = (("Newly broken", "newly_broken", "failed"), ("Fixed", "fixed", "failed"),
+             ("Deviations added", "deviations_added", "deviation"), ("Deviations gone", "deviations_gone", "deviation"))
+    for title, kind, count in kinds:
+        rows = result.get(kind) or []
+        if not rows:
+            continue
+        out.append(f"<h3>{title} ({len(rows)})</h3>")
+        out.append(_table(
+            (["environment"] if several else []) + ["implementation", "device", "clause", f"{count} now / judged",
+                                                     f"{count} before / judged"],
+            [([e(r["environment"])] if several else []) + [
+                e(r["implementation"]), e(r["device"]), f'<code>{e(r["clause"])}</code>',
+                f"{e(r[count])} / {e(r['judged'])}",
+                f"{e(r['baseline'][count])} / {e(r['baseline']['judged'])}" if r.get("baseline") else "not judged"]
+             for r in rows], numeric=[3 + several, 4 + several]))
+    changes = [f"{e(env['environment'])}: {e(change)}" for env in result.get("environments") or []
+               for change in env.get("changes") or []]
+    notes = [f"Cells judged only in this run: {e(result.get('judged_only_now', 0))}; only in the baseline: "
+             f"{e(result.get('judged_only_before', 0))}."]
+    if changes:
+        notes.append("Changed since the baseline: " + "; ".join(changes) + ".")
+    return "".join(out) + "".join(f'<p class="note">{note}</p>' for note in notes)
+
+
 # --------------------------------------------------------------------------- entry point
 def render(report: dict, path: Path) -> str:
     """The page as a string (``write`` saves it)."""
@@ -616,6 +660,7 @@ def render(report: dict, path: Path) -> str:
     title = f"attention-conformance — exit {exit_status} — {', '.join(str(n) for n in names)}"
     sections = [
         _header(report, path),
+        baseline_section(report.get("baseline")),
         _environment(report),
         _implementations(report, counts, names),
         _matrix(cases, names, {d.get("name"): d for d in report.get("implementations") or []}),
@@ -624,13 +669,22 @@ def render(report: dict, path: Path) -> str:
         _failures(cases),
         _other_outcomes(cases),
     ]
+    return page(title, sections)
+
+
+def page(title: str, sections: list[str]) -> str:
+    """A self-contained page: the sections (already HTML) under the inline CSS (merged_html.py's page too)."""
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{e(title)}</title>"
             f"<style>{CSS}</style></head><body>\n" + "\n".join(sections) + "\n</body></html>\n")
 
 
-def write(report: dict, path: Path) -> None:
-    """Write the self-contained HTML page for ``report`` (the dict of json_report.build_report) to ``path``."""
+def save(text: str, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(report, path), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
+
+
+def write(report: dict, path: Path) -> None:
+    """Write the self-contained HTML page for ``report`` (the dict of json_report.build_report) to ``path``."""
+    save(render(report, Path(path)), path)

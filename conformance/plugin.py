@@ -18,7 +18,7 @@ from attention_conformance.implementations import DTYPE_NAMES, Implementation, I
 from attention_conformance.implementations import builtin_implementations, load_implementation
 from attention_conformance.implementations._arrays import ARRAY_KINDS, device_names
 
-from . import session
+from . import repro, session
 from .session import IMPLS_KEY, USER_NAMED_KEY, implementations
 from .specdata import SpecError, clauses, fixtures
 
@@ -64,9 +64,30 @@ def _entry_point_implementations() -> list[Implementation]:
     return found
 
 
+def load_suite_modules() -> None:
+    """Import every module of the suite now, in every process, before any test runs.
+
+    Hypothesis draws some values from the constants of the "local" modules loaded so far (those outside
+    site-packages: in a checkout, the suite's own). A module the suite imports lazily (the repro writer at a first
+    failure, the report at the end) would change those constants mid-run, so that the same derandomized property
+    drew other examples depending on which tests ran before it in its process: a shard of a run (--shard) drew
+    other float32 cases of test_default_scale than the whole run. Loaded up front, the set is the same in every
+    process of every run."""
+    import importlib
+    import pkgutil
+
+    from attention_conformance import conformance, implementations
+
+    for package in (conformance, implementations):
+        for module in pkgutil.iter_modules(package.__path__):
+            if not module.name.startswith("test_"):  # the test modules: pytest imports them at collection
+                importlib.import_module(f"{package.__name__}.{module.name}")
+
+
 def configure(config) -> None:
     """Validate spec/ and fixtures/ and load implementations once; a defect is one usage error."""
-    share_jax_compilations(config)
+    if is_xdist_worker(config) or getattr(config.option, "dist", "no") == "no":  # a process that runs tests
+        load_suite_modules()
     try:
         clauses()
         fixtures()
@@ -79,9 +100,25 @@ def configure(config) -> None:
         raise pytest.UsageError(f"two implementations share the name(s) {sorted(duplicates)}; set NAME to tell them apart")
     config.stash[IMPLS_KEY] = impls
     config.stash.setdefault(USER_NAMED_KEY, {impl.name for impl in impls})
+    repro.configure(config)
+    configure_runners(config)
     if config.getoption("list_impls"):
         _print_impls(impls)
         pytest.exit("listed implementations", returncode=0)
+
+
+def configure_runners(config) -> None:
+    """--shard and --baseline (conformance/shards.py, conformance/baseline.py), checked before anything runs."""
+    from . import baseline, shards
+
+    shard = shards.parse(config.getoption("shard", None))
+    if shard is not None:
+        if not config.getoption("conformance_report", None) and not is_xdist_worker(config):
+            raise pytest.UsageError("--shard needs --conformance-report PATH: `attention-conformance merge` applies "
+                                    "the coverage rule to the N shards' reports together (docs/ci.md)")
+        config.stash[shards.SHARD_KEY] = shard
+    if not is_xdist_worker(config):
+        baseline.load(config)
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -190,6 +227,13 @@ def deselect_absent_devices(config, items) -> None:
         coverage.note_absent(drop)
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def keep_this_shard(config, items) -> None:
+    """--shard I/N: the I-th share of the items left after every other deselection (conformance/shards.py)."""
+    from . import shards
+
+    shards.select(config, items)
 
 
 # ----------------------------------------------------------- parametrisation
@@ -356,10 +400,12 @@ def tests_ended() -> None:
 
 
 def configure_node(node) -> None:
-    """pytest-xdist, on the controller: tell a new worker where to stream what it judges (transport.py)."""
+    """pytest-xdist, on the controller: tell a new worker where to stream what it judges (transport.py) and where
+    to save repros (repro.py)."""
     from . import transport
 
     node.workerinput[transport.STREAM_KEY] = transport.open_stream_directory()
+    repro.node_input(node)
 
 
 def item_done(config) -> None:
@@ -380,8 +426,11 @@ def finish(pytest_session) -> None:
         session.note_stopped(f"stopped early: {pytest_session.shouldfail or pytest_session.shouldstop}")
     config = pytest_session.config
     if is_xdist_worker(config):
+        from . import shards
+
         transport.stream(config, final=True)
         coverage.send(config)
+        shards.send(config)
         transport.send_to_controller(config)
         return
     streamed = transport.read_unreceived()
@@ -390,15 +439,28 @@ def finish(pytest_session) -> None:
         session.STATE["detail"] = (f"the records of {len(streamed)} xdist worker(s) that did not report, "
                                    f"{sum(streamed.values())} in all, were read from their streams")
     enforce_coverage(pytest_session)
-    path = config.getoption("conformance_report", None)
-    if path:
-        from . import json_report
+    finish_runners(pytest_session)
 
-        json_report.write_report(config, path, pytest_session.exitstatus)
+
+def finish_runners(pytest_session) -> None:
+    """The report, compared with --baseline first when one is given (conformance/baseline.py); a shard that drew
+    no item exits 0 (conformance/shards.py)."""
+    from . import baseline, json_report, shards
+
+    config = pytest_session.config
+    shards.no_items_is_success(pytest_session, config)
+    path = config.getoption("conformance_report", None)
+    report = None
+    if baseline.BASELINE_KEY in config.stash:
+        report = json_report.build_report(config, pytest_session.exitstatus)
+        baseline.compare_run(config, pytest_session, report)
+    if path:
+        json_report.write_report(config, path, pytest_session.exitstatus, report)
 
 
 def unconfigure() -> None:
     session.restore_signal_handlers()
+    repro.forget()
     # pytest's unraisable-exception cleanup, which runs after this hook, collects garbage five times over; with
     # torch, JAX and a run's Hypothesis data alive each full collection takes 0.6 s (3 s at the end of every
     # worker, measured). One collection here still surfaces whatever cyclic garbage raises when freed; freezing
@@ -411,8 +473,19 @@ def receive_from_worker(node) -> None:
     """The controller merges what a finished xdist worker sent (transport.py) and its coverage counts."""
     from . import coverage, transport
 
+    from . import shards
+
     transport.receive_from_worker(node)
     coverage.receive(node)
+    shards.receive(node)
+
+
+def logreport(report) -> None:
+    """Each item's phase reports, on the controller or the only process (pytest_runtest_logreport)."""
+    from . import baseline, shards
+
+    shards.note_duration(report)
+    baseline.note_outcome(report)
 
 
 def enforce_coverage(pytest_session) -> None:

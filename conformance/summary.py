@@ -111,7 +111,8 @@ def terminal_summary(tr, config) -> None:
 
     entries = implementation_summary()
     stopped = incomplete_line(session.stop_reason())
-    if not entries and not coverage.ABSENT and not (stopped and coverage.COLLECTED[0]):
+    compared = baseline_lines(config)
+    if not entries and not coverage.ABSENT and not (stopped and coverage.COLLECTED[0]) and not compared:
         return
     tr.section("attention conformance")
     if stopped:
@@ -131,6 +132,13 @@ def terminal_summary(tr, config) -> None:
         tr.write_line(f"{name} breaks: {', '.join(clause_ids)}")
     for line in coverage.absent_lines():
         tr.write_line(line)
+    for line in compared:  # --baseline: what changed since the earlier report (conformance/baseline.py)
+        tr.write_line(line)
+    from . import shards
+
+    shard = shards.terminal_line(config)
+    if shard:
+        tr.write_line(shard)
     skipped_lines(tr)
 
     pairs = len(agreement.matrix())
@@ -140,6 +148,13 @@ def terminal_summary(tr, config) -> None:
     path = config.getoption("conformance_report", None)
     if path:
         tr.write_line(f"conformance report: {path} and {html_report.html_path(Path(path))}")
+
+
+def baseline_lines(config) -> list[str]:
+    from . import baseline
+
+    stash = getattr(config, "stash", None)
+    return baseline.terminal_lines(stash.get(baseline.RESULT_KEY, None) if stash is not None else None)
 
 
 def skipped_lines(tr) -> None:

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_conformance.conformance import checks, oracle, oracle_backward
-from attention_conformance.conformance.cases import FLOAT32_PARAMETERS, Case, widen
+from attention_conformance.conformance import oracle, oracle_backward
+from attention_conformance.conformance.cases import Case, widen
 from attention_conformance.conformance.checks import ImplementationHung, Judge
 from attention_conformance.conformance.gradients import NotDifferentiable, backward_allowed, gradients
 from attention_conformance.conformance.plugin import require_device
-from attention_conformance.conformance.report import _array_literal
+from attention_conformance.conformance.report import _own_dtype, array_source
 from attention_conformance.conformance.strategies import DerivedCase, sdpa_cases
 from attention_conformance.conformance.test_properties import property_test
 from attention_conformance.implementations._arrays import ARRAY_KINDS, differentiable_kinds
@@ -95,23 +95,21 @@ def with_upstream_gradient(draw, case: Case, float_masks_from_bool: bool = False
 class GradientJudge(Judge):
     """A Judge whose repro snippet recomputes the gradients."""
 
-    def _snippet(self, case: Case, inputs: dict) -> str:
-        size = sum(np.size(a) for a in inputs.values() if isinstance(a, np.ndarray))
-        if size > checks.MAX_REPRO_ELEMENTS:
-            return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
+    def _snippet(self, case: Case, inputs: dict, arrays_file: str | None = None) -> str:
+        prelude, source = array_source(arrays_file, self.dtype)
         lines = [
             "import numpy as np, ml_dtypes",
             "from attention_conformance.implementations import load_implementation",
             "from attention_conformance.conformance import oracle, oracle_backward",
             "from attention_conformance.conformance.gradients import gradients",
+            *prelude,
             f"impl = load_implementation({self.impl.spec!r})",
         ]
         options = {}
         for name, value in inputs.items():
             if isinstance(value, np.ndarray):
                 # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype.
-                own = value.dtype.kind in "iu" or name in FLOAT32_PARAMETERS
-                lines.append(f"{name} = {_array_literal(value, str(value.dtype) if own else self.dtype)}")
+                lines.append(f"{name} = {source(name, None, value, _own_dtype(name, value, self.dtype))}")
             else:
                 options[name] = value
         arrays = [n for n, value in inputs.items() if isinstance(value, np.ndarray) and n != "d_out"]
@@ -127,6 +125,10 @@ class GradientJudge(Judge):
         lines.append("for name in want: print(name, 'max abs error', 'none: no gradient reached it' if got.get(name) "
                      "is None else np.max(np.abs(got[name] - want[name])))")
         return "\n".join(lines)
+
+    def replay(self, case: Case) -> None:
+        __tracebackhide__ = True
+        judge_gradients(self, case, case.rounded(self.dtype))
 
 
 def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
@@ -145,7 +147,7 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
         raised = f"sdpa is not differentiable with {impl.array} autodiff: {exc}"
     except Exception as exc:  # contained: this case fails, the session goes on
         raised = f"computing the gradients raised {type(exc).__name__}: {exc}"
-    judge.fail(case.clauses[0], case, inputs, raised)
+    judge.fail(case.clauses[0], case, inputs, raised, raised=True)
 
 
 def _expected(inputs: dict, judge: Judge):

@@ -2,6 +2,7 @@
 missing spec data (the installed wheel itself: tests/test_wheel_install.py)."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import shlex
 import subprocess
@@ -56,22 +57,65 @@ def test_missing_spec_data_is_a_loud_error(tmp_path):
         fixtures(tmp_path)
 
 
-def test_the_github_actions_example_runs_the_documented_command(tmp_path):
+def _steps(job: dict, uses: str) -> list[dict]:
+    return [step for step in job["steps"] if step.get("uses", "").startswith(uses)]
+
+
+def _suite_command(job: dict, name: str) -> str:
+    runs = [step["run"] for step in job["steps"] if "attention-conformance --impl" in step.get("run", "")]
+    assert len(runs) == 1, name
+    return runs[0].split("attention-conformance", 1)[1]
+
+
+def test_the_github_actions_example_runs_shards_and_merges_them(tmp_path):
+    """The workflow's structure (jobs, needs, the shard matrix, artifacts, caches) and every command it runs, with
+    its options checked by the suite's own parsers (docs/ci.md explains the workflow)."""
+    from attention_conformance.conformance import merge, plugin
+
     workflow = yaml.safe_load(WORKFLOW.read_text())
-    assert set(workflow["jobs"]) == {"cpu", "gpu"}
-    cpu, gpu = workflow["jobs"]["cpu"], workflow["jobs"]["gpu"]
+    jobs = workflow["jobs"]
+    assert set(jobs) == {"plan", "cpu", "gpu", "merge"}
+    plan, cpu, gpu, merged = jobs["plan"], jobs["cpu"], jobs["gpu"], jobs["merge"]
     assert cpu["runs-on"] == "ubuntu-latest" and "self-hosted" in gpu["runs-on"]
-    commands = {}
-    for name, job in (("cpu", cpu), ("gpu", gpu)):
-        runs = [step["run"] for step in job["steps"] if "attention-conformance --impl" in step.get("run", "")]
-        assert len(runs) == 1, name
-        commands[name] = runs[0].split("attention-conformance", 1)[1]
-        assert "--conformance-report" in commands[name]
-        uploads = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
-        assert uploads and uploads[0]["if"] == "always()"
+    assert cpu["needs"] == "plan" and set(merged["needs"]) == {"cpu", "gpu"} and "!cancelled()" in merged["if"]
+    shards = int(workflow["env"]["SHARDS"])
+    assert cpu["strategy"]["matrix"]["shard"] == list(range(1, shards + 1)) and cpu["strategy"]["fail-fast"] is False
+    commands = {"cpu": _suite_command(cpu, "cpu"), "gpu": _suite_command(gpu, "gpu")}
+    for command in commands.values():
+        assert "--conformance-report" in command and "--hypothesis-profile ci" in command
     assert "--device cuda" in commands["gpu"] and "--device cpu" in commands["cpu"]
-    # The CPU job's options, as the console script passes them to pytest, on a module of this checkout.
-    args = shlex.split(commands["cpu"].replace('"$IMPL"', "examples.my_attention").replace("reports/", f"{tmp_path}/"))
-    done = run("-m", "attention_conformance", *args, "--collect-only", "-q", "-p", "no:cacheprovider")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "test_fixture[" in done.stdout
+    assert "--shard ${{ matrix.shard }}/$SHARDS" in commands["cpu"]
+    assert "--shard-durations durations.json" in commands["cpu"]
+    # Every runner uploads its reports (also when it fails) under a name the merge job downloads; the durations of
+    # the plan job are not among them, and every shard splits by that one file.
+    durations = _steps(plan, "actions/upload-artifact")[0]["with"]["name"]
+    assert _steps(cpu, "actions/download-artifact")[0]["with"]["name"] == durations
+    pattern = _steps(merged, "actions/download-artifact")[0]["with"]["pattern"]
+    for job in (cpu, gpu):
+        upload = _steps(job, "actions/upload-artifact")[0]
+        name = upload["with"]["name"].replace("${{ matrix.shard }}", "2")
+        assert upload["if"] == "always()" and fnmatch.fnmatch(name, pattern)
+    assert not fnmatch.fnmatch(durations, pattern)
+    # The compile caches: the plugin's directory, keyed as docs/ci.md says (OS, Python, jax and jaxlib), per shard.
+    cache = _steps(cpu, "actions/cache@")[0]["with"]
+    assert cache["path"] == f".pytest_cache/d/{plugin.COMPILATION_CACHE}"
+    for part in ("runner.os", "py3.11", "steps.versions.outputs.jax", "matrix.shard"):
+        assert part in cache["key"] and part in cache["restore-keys"]
+    assert "jax jaxlib" in next(step["run"] for step in cpu["steps"] if step.get("id") == "versions")
+    # The runners' options, as the console script passes them to pytest, on a module of this checkout.
+    collected = {}
+    for name, ok in (("cpu", (0,)), ("gpu", (0, 5))):  # gpu: no GPU here, every item deselected
+        text = (commands[name].replace('"$IMPL"', "examples.my_attention").replace("reports/", f"{tmp_path}/")
+                .replace("${{ matrix.shard }}", "2").replace("$SHARDS", str(shards))
+                .replace("durations.json", f"{tmp_path}/d.json"))
+        done = run("-m", "attention_conformance", *shlex.split(text), "--collect-only", "-q", "-p", "no:cacheprovider")
+        assert done.returncode in ok and "error" not in done.stderr, done.stdout[-3000:] + done.stderr[-2000:]
+        collected[name] = done.stdout
+    assert "test_fixture[" in collected["cpu"]
+    # The merge job's command, by the merge command's own parser.
+    script = next(step["run"] for step in merged["steps"] if "attention-conformance merge" in step.get("run", ""))
+    line = next(line for line in script.splitlines() if line.strip().startswith("attention-conformance merge"))
+    args = shlex.split(line.replace('"${baseline[@]}"', "--baseline old.json"))[2:]
+    parsed = merge._parser().parse_args(args)
+    assert parsed.reports == ["runners/"] and parsed.output and parsed.durations_out == "durations.json"
+    assert parsed.baseline == "old.json"
