@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--members", nargs="+", default=list(MEMBERS))
     parser.add_argument("--full", action="store_true", help="the whole default run, not the variant modules only")
+    parser.add_argument("--exitfirst", action="store_true", help="stop each run at its first failure (kernel_standins)")
     args = parser.parse_args(argv)
     if not args.full:
         original = kernel_standins.subprocess.run
@@ -81,7 +82,8 @@ def main(argv=None) -> int:
             return original(command, env=env, **kwargs)
 
         kernel_standins.subprocess.run = narrowed
-    return kernel_standins.main(["--runs", str(args.runs), "--members", *args.members])
+    return kernel_standins.main(["--runs", str(args.runs), "--members", *args.members]
+                                + (["--exitfirst"] if args.exitfirst else []))
 
 
 if __name__ == "__main__":
