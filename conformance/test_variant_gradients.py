@@ -5,9 +5,9 @@ Each property draws a variant case (strategies.sink_chunk_leftpad_cases, so the 
 in the forward properties) with a random subset of the keywords the implementation runs, adds an upstream gradient
 (test_gradients.with_upstream_gradient: dO = 0 on rows without a key and on padding rows) and judges the forward
 (the variant's own forward clause) and then dq, dk, dv, dmask and, with a learnable sink, dsink, as
-test_gradients.judge_gradients does. A gradient beyond its tolerance is blamed on a keyword when the same case
-without that keyword agrees with the oracle (the first such keyword, most specific first); on the plain gradient
-clause (grad.sdpa-q ...) when the case without any of its keywords disagrees too.
+test_gradients.judge_gradients does. A gradient beyond its tolerance is blamed (variant_blame) on the plain gradient
+clause (grad.sdpa-q ...) when the case without any of its keywords disagrees too; else on the first keyword that
+alone reproduces it, else on the first whose removal makes it agree (KEYWORD_CLAUSES' order).
 
 Applies to implementations with autodiff (test_gradients._without_autodiff) whose sdpa runs the keywords.
 """
