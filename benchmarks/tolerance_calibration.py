@@ -22,6 +22,7 @@ out and counted (the suite reports them as deviations, it does not judge them).
     python benchmarks/tolerance_calibration.py --ops variants,variants-kernel,softcap,alibi   # the sdpa variants
     python benchmarks/tolerance_calibration.py --ops sinks,sinks-kernel,chunk-leftpad   # issue 25's variants
     python benchmarks/tolerance_calibration.py --ops varlen,paged   # packed batches and paged KV caches
+    python benchmarks/tolerance_calibration.py --ops mha-variants   # multi_head_attention's variant keywords
 """
 from __future__ import annotations
 
@@ -82,6 +83,8 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
         finite = np.isfinite(want) & (allowed > 0)
         if case.op == "sdpa":  # padding rows of a variable-length batch (sdpa.varlen) are not judged
             finite &= np.broadcast_to(checks.Judge(impl, dtype, "cpu").judged_rows(case, inputs)[..., None], want.shape)
+        elif case.op == "multi_head_attention":  # nor those of MHA's output (mha.variants)
+            finite &= np.broadcast_to(checks.Judge(impl, dtype, "cpu").judged_rows(case, inputs), want.shape)
         if finite.any():
             with np.errstate(invalid="ignore"):
                 error = np.where(np.isfinite(got), np.abs(got - want), np.inf)
@@ -158,6 +161,8 @@ def main() -> None:
         "paged": ("sdpa_paged", strategies.paged_cases(variants=strategies.SEQUENCE_VARIANT_NAMES), None),
         "softmax": ("softmax", strategies.softmax_cases(), None),
         "multi_head_attention": ("multi_head_attention", strategies.mha_cases(), None),
+        # mha.variants: every variant keyword inside multi-head attention (a random subset a case), per head
+        "mha-variants": ("multi_head_attention", strategies.mha_variant_cases(), None),
     }
     ops = {name: ops[name] for name in args.ops.split(",")}
     print("median/max of error / allowed over the cases; z: share of sdpa rows whose allowance reaches the row's "

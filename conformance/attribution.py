@@ -37,6 +37,14 @@ VARIANT_CLAUSE_KEYWORDS = {
     "sdpa.learnable-sink": ("learnable_sink",), "sdpa.sink-tokens": ("sink_token_length",),
     "sdpa.attention-chunk": ("attention_chunk",), "sdpa.key-leftpad": ("key_leftpad",),
 }
+# multi_head_attention's variant cases (mha.variants) carry several keywords; each is taken out in turn, the one
+# whose keys or bias others build on last (sink tokens act only beside the window's left edge, ALiBi moves with the
+# offset, so a fault of theirs passes without the window or the offset too), then softcap and the learnable sink,
+# which change every score or weight of a row: a case can pass without them while another keyword is at fault (in
+# 20 fresh runs each, a scaled ALiBi was once filed under sdpa.softcap and a dropped window under
+# sdpa.learnable-sink when they came earlier).
+MHA_VARIANT_PROBES = ("sink_token_length", "attention_chunk", "key_leftpad", "alibi_slopes", "window", "key_lengths",
+                      "query_offset", "softcap", "learnable_sink")
 
 
 def _size(inputs: dict) -> int:
@@ -83,6 +91,14 @@ class Attribution:
             if mask is not None and mask.shape != target and own != "mask.broadcast":
                 yield ("mask.broadcast", "with the mask broadcast to (B, Hq, Lq, Lk) beforehand",
                        derived("mask broadcast", mask=np.broadcast_to(mask, target).copy()))
+        if case.op == "multi_head_attention":  # its variant keywords first: what an MHA variant case is drawn for
+            for name in (n for n in MHA_VARIANT_PROBES if n in oracle.variant_options(inputs)):
+                clause = next(c for c, names in VARIANT_CLAUSE_KEYWORDS.items() if names == (name,)) \
+                    if name != "key_lengths" else "sdpa.varlen"
+                if clause not in about:
+                    dropped = ("key_lengths", "query_lengths") if name == "key_lengths" else (name,)
+                    yield clause, f"without {name}", derived(f"without {name}",
+                                                             **{n: VARIANT_DEFAULTS[n] for n in dropped})
         # With a query_offset the causal band is that clause's (sdpa.query-offset), not the top-left one's.
         causal_clause = "sdpa.query-offset" if inputs.get("query_offset") else "causal.top-left"
         if inputs.get("is_causal") and not any(c.startswith("causal.") for c in about) and causal_clause not in about:

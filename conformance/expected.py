@@ -73,7 +73,7 @@ def expected_output(case: Case, inputs: dict, policy="zeros", alignment: str = "
     """The oracle's result on (rounded, widened) inputs. ``policy``: one FULLY_MASKED_ROWS policy for every fully
     masked row, or (B, Hq, Lq) policy names, one per row (Judge.policy). ``alignment``: the implementation's
     SEQUENCE_ALIGNMENT (sdpa_varlen and sdpa_paged; their results in the judge's form, ``canonical_output``)."""
-    if not isinstance(policy, str):
+    if not isinstance(policy, str) and case.op != "multi_head_attention":  # MHA picks per head, before the merge
         return _by_row(policy, {name: expected_output(case, inputs, str(name), alignment)
                                 for name in np.unique(policy)})
     a = widen(inputs)
@@ -89,7 +89,7 @@ def expected_output(case: Case, inputs: dict, policy="zeros", alignment: str = "
         )
     return oracle.multi_head_attention(
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False),
-        fully_masked_rows_policy=policy,
+        fully_masked_rows_policy=policy, **oracle.variant_options(a),
     )
 
 
@@ -99,7 +99,7 @@ def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bo
     ``policy`` and ``alignment`` as for expected_output. A packed or paged case's rows are the rows of its
     sequences' sdpa cases: each row's allowance is the sdpa model's for its own sequence (spec/tolerances.yaml,
     sequences)."""
-    if not isinstance(policy, str):
+    if not isinstance(policy, str) and case.op != "multi_head_attention":  # MHA's bound covers every policy
         return _by_row(policy, {name: allowed_error(case, inputs, dtype, str(name), tf32, alignment)
                                 for name in np.unique(policy)})
     a = widen(inputs)
@@ -123,7 +123,7 @@ def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bo
         )
     return tolerances.mha_allowed(
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False), dtype,
-        tf32=tf32,
+        tf32=tf32, **oracle.variant_options(a),
     )
 
 

@@ -147,9 +147,8 @@ class Judge(Containment, Attribution):
                  **shape_facts(case.op, inputs)}
         if case.op in ROW_OPS:
             facts["fully_masked"] = bool(self._fully_masked_rows(case, inputs).any())
-        elif case.op == "multi_head_attention":
-            bias = oracle.attention_bias(widen(inputs).get("mask"), facts["is_causal"], facts["Lq"], facts["Lk"])
-            facts["fully_masked"] = bool(np.isneginf(bias).all(axis=-1).any())
+        elif case.op == "multi_head_attention":  # each head's rows (mha.variants: the key-removing keywords too)
+            facts["fully_masked"] = bool(oracle.mha_fully_masked_rows(inputs).any())
         # What emptied those rows (FULLY_MASKED_CAUSES; expected.fully_masked_causes), sorted: () without one.
         causes = set(self.row_causes(case, inputs).ravel()) - {""} if facts["fully_masked"] else set()
         facts["fully_masked_causes"] = tuple(sorted(str(c) for c in causes))
@@ -214,11 +213,9 @@ class Judge(Containment, Attribution):
             return sequence_row_causes(case.op, inputs, self._fully_masked_rows(case, inputs), self.alignment)
         if case.op == "multi_head_attention":
             shapes = shape_facts(case.op, inputs)
-            lq, lk = shapes["Lq"], shapes["Lk"]
-            is_causal = bool(inputs.get("is_causal", False))
-            bias = oracle.attention_bias(inputs.get("mask"), is_causal, lq, lk)
-            empty = np.broadcast_to(np.isneginf(bias).all(axis=-1), (shapes["B"], inputs["num_heads"], lq))
-            return fully_masked_causes(empty, lq, lk, inputs.get("mask"), is_causal)
+            empty = oracle.mha_fully_masked_rows(inputs) & np.swapaxes(self.judged_rows(case, inputs), 1, 2)
+            return fully_masked_causes(empty, shapes["Lq"], shapes["Lk"], inputs.get("mask"),
+                                       bool(inputs.get("is_causal", False)), **oracle.variant_options(inputs))
         return np.full((), "")
 
     def declared_policy_rows(self, case: Case, inputs: dict) -> np.ndarray:
@@ -251,14 +248,21 @@ class Judge(Containment, Attribution):
 
     def judged_rows(self, case: Case, inputs: dict) -> np.ndarray:
         """(B or 1, 1, Lq) boolean, sdpa: the rows a verdict looks at. Rows i >= query_lengths[b] are padding
-        (sdpa.varlen): their values are unspecified, NaN and inf included, and never judged."""
+        (sdpa.varlen): their values are unspecified, NaN and inf included, and never judged. multi_head_attention:
+        (B or 1, Lq, 1), the rows of its (B, Lq, E_out) output (mha.variants)."""
+        if case.op == "multi_head_attention":
+            return oracle.mha_judged_rows(inputs["query"], inputs.get("query_lengths"))
         if case.op != "sdpa":
             return np.ones((), dtype=bool)
         return oracle.judged_rows(inputs["q"], inputs.get("query_lengths"))
 
     def _unjudged(self, case: Case, inputs: dict, want: np.ndarray) -> np.ndarray:
         """Output elements with nothing to check: the oracle has no value there (the 'nan' policy) or the row is padding."""
-        padded = ~np.broadcast_to(self.judged_rows(case, inputs)[..., None], want.shape) if case.op == "sdpa" else False
+        padded = False
+        if case.op == "sdpa":
+            padded = ~np.broadcast_to(self.judged_rows(case, inputs)[..., None], want.shape)
+        elif case.op == "multi_head_attention" and inputs.get("query_lengths") is not None:
+            padded = ~np.broadcast_to(self.judged_rows(case, inputs), want.shape)
         return np.isnan(want) | padded
 
     def specified_elements(self, case: Case, inputs: dict) -> np.ndarray:

@@ -224,12 +224,16 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_poli
 
 
 def multi_head_attention(
-    query, key, value, params, num_heads, mask=None, is_causal=False, trace=None, fully_masked_rows_policy="zeros"
+    query, key, value, params, num_heads, mask=None, is_causal=False, trace=None, fully_masked_rows_policy="zeros",
+    **variants,
 ):
     """Projections, split into heads, sdpa per head, merge, output projection.
 
     If ``trace`` is a dict it receives every intermediate by name (the names
-    fixtures use in ``shapes``).
+    fixtures use in ``shapes``). ``variants``: sdpa's variant keywords (README "The contract"; mha.variants),
+    applied to each head's attention after the projections with Hq = Hkv = num_heads: alibi_slopes (H,) or (B, H)
+    and learnable_sink (H,) indexed by head h of mha.head-split. ``fully_masked_rows_policy``: one policy, or
+    (B, H, Lq) names, one per head's row (its own cause's; Judge.policy), applied to the context before the merge.
     """
     trace = {} if trace is None else trace
     p = {name: _f64(value_) for name, value_ in params.items()}
@@ -251,12 +255,18 @@ def multi_head_attention(
         trace["qkv_packed_heads"] = np.swapaxes(trace["qkv_packed_permuted"], 1, 2)
         trace["qkv_packed"] = trace["qkv_packed_heads"].reshape(b, lq, -1)
     trace["q_heads"], trace["k_heads"], trace["v_heads"] = (split(trace[n + "_proj"]) for n in "qkv")
-    trace["scores"] = scores(trace["q_heads"], trace["k_heads"], mask, is_causal)
-    trace["weights"] = attention_weights(trace["q_heads"], trace["k_heads"], mask, is_causal)
-    trace["context"] = sdpa(
-        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal,
-        fully_masked_rows_policy=fully_masked_rows_policy,
-    )
+    trace["scores"] = scores(trace["q_heads"], trace["k_heads"], mask, is_causal, **variants)
+    trace["weights"] = attention_weights(trace["q_heads"], trace["k_heads"], mask, is_causal, **variants)
+
+    def context(policy):
+        return sdpa(trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal,
+                    fully_masked_rows_policy=policy, **variants)
+
+    if isinstance(fully_masked_rows_policy, str):
+        trace["context"] = context(fully_masked_rows_policy)
+    else:  # each head's fully masked row under the policy of its own cause
+        rows = np.asarray(fully_masked_rows_policy)[..., None]
+        trace["context"] = sum(np.where(rows == name, context(str(name)), 0.0) for name in np.unique(rows))
     trace["context_transposed"] = np.swapaxes(trace["context"], 1, 2)
     trace["merged"] = trace["context_transposed"].reshape(b, lq, -1)
     trace["output"] = project(trace["merged"], "o")
@@ -393,3 +403,19 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seqused_k, is_causal=False, sca
                   seqused_k=seqused_k, is_causal=is_causal, scale=scale, window=window, softcap=softcap,
                   alibi_slopes=alibi_slopes, learnable_sink=learnable_sink)
     return np.concatenate(_sequence_outputs("sdpa_paged", inputs, alignment, fully_masked_rows_policy), axis=0)
+
+
+def mha_judged_rows(query, query_lengths=None) -> np.ndarray:
+    """(B or 1, Lq, 1) boolean: the rows of a multi_head_attention output (B, Lq, E_out) a result is judged on; rows
+    i >= query_lengths[b] are padding (mha.variants, as sdpa.varlen). ``query`` is (B, Lq, E)."""
+    return np.swapaxes(judged_rows(query, query_lengths), 1, 2)
+
+
+def mha_fully_masked_rows(inputs: dict) -> np.ndarray:
+    """(B, H, Lq) boolean: the rows of each head of a multi_head_attention case (its inputs) without a key to attend
+    (fully_masked_rows of the per-head attention: the mask, the causal flag and the key-removing variants)."""
+    b, lq = np.shape(inputs["query"])[:2]
+    heads = inputs["num_heads"]
+    shaped = np.zeros((b, heads, lq, 1)), np.zeros((b, heads, np.shape(inputs["key"])[1], 1))
+    return fully_masked_rows(*shaped, inputs.get("mask"), bool(inputs.get("is_causal", False)),
+                             **variant_options(inputs))

@@ -15,6 +15,15 @@ With grouped-query attention (Hq = G * Hkv) K and V are first repeated to Hq hea
 (query head h uses kv head h // G), so dK and dV sum over the G query heads of the
 group sharing a kv head. Every function widens its inputs to float64 (exact) and
 returns float64. See spec/clauses.yaml, section "gradients".
+
+The variants (spec/clauses.yaml grad.softcap, grad.variants, grad.learnable-sink; derived in
+docs/gradients.md) change three things. The keys a window, an offset band, a chunk, key lengths or
+a left padding remove have P = 0, and ALiBi's bias is part of S: both enter through P alone.
+Softcap c makes S = c tanh(T / c) + bias of T = scale q k^T, so dQ and dK take dT = dS * G with
+G = 1 - (S_cap / c)^2 (the cap's derivative); dMask stays dS. A learnable sink sigma_h is one more
+column of the softmax whose value row is 0: its weight P_sink = exp(sigma_h - m) / Z takes its share
+of every row, and dsigma_h = sum over b, i of dS_sink = -P_sink r, r = rowsum(dP * P) (= dO . O).
+ALiBi slopes, lengths and paddings are constants, not differentiated.
 """
 from __future__ import annotations
 
@@ -47,42 +56,57 @@ def is_float_mask(mask) -> bool:
     return mask is not None and np.asarray(mask).dtype != np.bool_
 
 
-def sdpa_backward(q, k, v, d_out, mask=None, is_causal=False, scale=None) -> dict[str, np.ndarray]:
+def sdpa_backward(q, k, v, d_out, mask=None, is_causal=False, scale=None, **variants) -> dict[str, np.ndarray]:
     """Gradients of sdpa (oracle.sdpa, policy 'zeros') for the upstream gradient ``d_out``.
 
-    Returns {"dq", "dk", "dv"} with the shapes of q, k, v, and "dmask" with the
-    mask's shape when the mask is a float (additive) one.
+    Returns {"dq", "dk", "dv"} with the shapes of q, k, v, "dmask" with the mask's shape when the mask is a float
+    (additive) one, and "dsink" (Hq,) with a learnable sink. ``variants``: the case's variant keywords
+    (oracle.variant_options; query_lengths changes nothing here).
     """
-    q, k, v, d_out = _f64(q), _f64(k), _f64(v), _f64(d_out)
-    hq, hkv = q.shape[1], k.shape[1]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    k_rep, v_rep = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
-    p = oracle.attention_weights(q, k, mask, is_causal, scale)  # (B, Hq, Lq, Lk); empty rows 0
-
-    dv_rep = np.swapaxes(p, -1, -2) @ d_out                     # dV = P^T dO, per query head
-    dp = d_out @ np.swapaxes(v_rep, -1, -2)                     # dP = dO V^T
-    row = np.sum(dp * p, axis=-1, keepdims=True)                # rowsum(dP * P)
-    ds = p * (dp - row)                                         # dS = P * (dP - rowsum)
-    dq = scale * (ds @ k_rep)                                   # dQ = scale dS K
-    dk_rep = scale * (np.swapaxes(ds, -1, -2) @ q)              # dK = scale dS^T Q, per query head
-
+    a = attention_parts(q, k, v, d_out, mask, is_causal, scale, **variants)
+    hkv = np.shape(k)[1]
+    ds, dt = a["ds"], a["ds"] * a["softcap_slope"]             # dT = dS * (1 - (S_cap / c)^2) under softcap
     grads = {
-        "dq": dq,
-        "dk": sum_kv_groups(dk_rep, hkv),                       # GQA: sum over the group
-        "dv": sum_kv_groups(dv_rep, hkv),
+        "dq": a["scale"] * (dt @ a["k"]),                       # dQ = scale dT K
+        "dk": sum_kv_groups(a["scale"] * (np.swapaxes(dt, -1, -2) @ a["q"]), hkv),  # dK = scale dT^T Q, GQA sum
+        "dv": sum_kv_groups(np.swapaxes(a["p"], -1, -2) @ a["d_out"], hkv),        # dV = P^T dO, GQA sum
     }
     if is_float_mask(mask):
-        grads["dmask"] = reduce_to_shape(ds, np.shape(mask))
+        grads["dmask"] = reduce_to_shape(ds, np.shape(mask))     # the mask is added after the cap: dS itself
+    if a["p_sink"] is not None:                                 # dS of the sink's column, summed over b and i
+        grads["dsink"] = -np.sum(a["p_sink"] * a["row"], axis=(0, 2, 3))
     return grads
 
 
-def attention_parts(q, k, v, d_out, mask=None, is_causal=False, scale=None) -> dict[str, np.ndarray]:
-    """The intermediates of the backward (float64, kv heads repeated to Hq), for the tolerance model."""
+def attention_parts(q, k, v, d_out, mask=None, is_causal=False, scale=None, **variants) -> dict[str, np.ndarray]:
+    """The intermediates of the backward (float64, kv heads repeated to Hq), for sdpa_backward and the tolerance
+    model: p (B, Hq, Lq, Lk) the weights (the sink in the normaliser), dp = dO V^T, row = rowsum(dp * p), ds, and
+    under softcap t (the uncapped scale q k^T), capped (c tanh(t / c)) and softcap_slope (1 - (capped / c)^2; 1.0
+    without softcap); p_sink (B, Hq, Lq, 1) the sink's weight and sink (1, Hq, 1, 1) its logit, None without one."""
+    variants = {n: x for n, x in variants.items() if n != "query_lengths"}
     q, k, v, d_out = _f64(q), _f64(k), _f64(v), _f64(d_out)
     hq = q.shape[1]
     scale_value = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     k_rep, v_rep = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
-    p = oracle.attention_weights(q, k, mask, is_causal, scale)
+    p = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)  # (B, Hq, Lq, Lk); empty rows 0
     dp = d_out @ np.swapaxes(v_rep, -1, -2)
-    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
-    return {"q": q, "k": k_rep, "v": v_rep, "d_out": d_out, "p": p, "dp": dp, "ds": ds, "scale": scale_value}
+    row = np.sum(dp * p, axis=-1, keepdims=True)
+    parts = {"q": q, "k": k_rep, "v": v_rep, "d_out": d_out, "p": p, "dp": dp, "row": row, "ds": p * (dp - row),
+             "scale": scale_value, "softcap_slope": 1.0, "p_sink": None, "sink": None}
+    softcap = variants.get("softcap")
+    if softcap is not None:
+        parts["t"] = scale_value * (q @ np.swapaxes(k_rep, -1, -2))
+        parts["capped"] = oracle.softcapped(parts["t"], softcap)
+        parts["softcap_slope"] = 1.0 - (parts["capped"] / float(softcap)) ** 2
+    if variants.get("learnable_sink") is not None:
+        parts["sink"] = oracle.sink_logits(variants["learnable_sink"], hq)
+        parts["p_sink"] = sink_weight(oracle.scores(q, k, mask, is_causal, scale, **variants), parts["sink"])
+    return parts
+
+
+def sink_weight(scores: np.ndarray, sink: np.ndarray) -> np.ndarray:
+    """(..., Lq, 1): the learnable sink's own weight exp(sigma - m) / Z in each row of ``scores`` (-inf where a key is
+    removed), m = max(sigma, max_j s_j), Z = exp(sigma - m) + sum_j exp(s_j - m); 1 in a row without keys."""
+    m = np.maximum(np.max(scores, axis=-1, keepdims=True), sink)
+    own = np.exp(sink - m)
+    return own / (own + np.sum(np.exp(scores - m), axis=-1, keepdims=True))

@@ -367,11 +367,13 @@ def within_printed(fx: Fixture, got: np.ndarray) -> np.ndarray:
 
 def judged_elements(fx: Fixture, shape: tuple[int, ...]) -> np.ndarray:
     """Output elements a fixture's printed values are compared on: all but the padding rows of sdpa.varlen
-    (rows i >= query_lengths[b], unspecified; a fixture prints them as .nan)."""
+    (rows i >= query_lengths[b], unspecified; a fixture prints them as .nan), in sdpa and multi_head_attention."""
     from . import oracle
 
-    if fx.op != "sdpa" or fx.inputs.get("query_lengths") is None:
+    if fx.op not in ("sdpa", "multi_head_attention") or fx.inputs.get("query_lengths") is None:
         return np.ones(shape, dtype=bool)
+    if fx.op == "multi_head_attention":  # mha.variants: the rows of (B, Lq, E_out)
+        return np.broadcast_to(oracle.mha_judged_rows(fx.inputs["query"], fx.inputs["query_lengths"]), shape)
     return np.broadcast_to(oracle.judged_rows(fx.inputs["q"], fx.inputs["query_lengths"])[..., None], shape)
 
 

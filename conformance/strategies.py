@@ -606,6 +606,37 @@ def _alibi_slopes(draw, b: int, hq: int, per_row: str, words: list[str]) -> np.n
     return 10.0 ** rng.uniform(-3, 0, size=(b, hq) if form == per_row else (hq,))  # mixed magnitudes, 1e-3 .. 1
 
 
+def _draw_variant_keywords(draw, inputs: dict, variants) -> list[str]:
+    """The keywords of ``variants`` (names of VARIANTS) drawn at their edges for the sdpa-shaped ``inputs`` (q, k,
+    scale; put in them, in this order); their labels."""
+    q, k = inputs["q"], inputs["k"]
+    b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
+    words = []
+    if "query_offset" in variants:
+        offset = draw(_offsets(lq, lk), label="query_offset")
+        inputs["query_offset"] = offset
+        words.append(f"offset={offset}")
+    if "window" in variants:
+        window = (draw(_window_side(lk), label="window left"), draw(_window_side(lk), label="window right"))
+        inputs["window"] = window
+        words.append(f"window={window}")
+    if "softcap" in variants:
+        scale_value = inputs.get("scale", q.shape[-1] ** -0.5)
+        top = float(np.max(np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, q.shape[1]), -1, -2) * scale_value),
+                           initial=0.0))
+        inputs["softcap"] = _softcap(draw, top, words)
+    if "alibi_slopes" in variants:
+        inputs["alibi_slopes"] = _alibi_slopes(draw, b, q.shape[1], "per-example", words)
+    if "lengths" in variants:
+        inputs["key_lengths"] = np.array([draw(_lengths(lk), label="key length") for _ in range(b)], dtype=np.int32)
+        words.append(f"key_lengths={inputs['key_lengths'].tolist()}")
+        if variant_allowed("query_lengths") and draw(st.booleans(), label="query lengths"):
+            inputs["query_lengths"] = np.array([draw(_lengths(lq), label="query length") for _ in range(b)],
+                                               dtype=np.int32)
+            words.append(f"query_lengths={inputs['query_lengths'].tolist()}")
+    return words
+
+
 @st.composite
 def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), mask_kinds=("none",),
                   causal=st.booleans(), gqa: bool = True, scale=st.none(), same_lengths: bool = False,
@@ -620,31 +651,7 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
     case = draw(sdpa_cases(mask_kinds=mask_kinds, causal=causal, gqa=gqa, scale=scale, same_lengths=same_lengths,
                            clauses=clauses, allow_empty_rows=True, outermost=False, **base), label="base case")
     inputs = dict(case.inputs)
-    q, k = inputs["q"], inputs["k"]
-    b, hq, lq, _ = q.shape
-    lk = k.shape[2]
-    words = []
-    if "query_offset" in variants:
-        offset = draw(_offsets(lq, lk), label="query_offset")
-        inputs["query_offset"] = offset
-        words.append(f"offset={offset}")
-    if "window" in variants:
-        window = (draw(_window_side(lk), label="window left"), draw(_window_side(lk), label="window right"))
-        inputs["window"] = window
-        words.append(f"window={window}")
-    if "softcap" in variants:
-        scale_value = inputs.get("scale", q.shape[-1] ** -0.5)
-        top = float(np.max(np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, hq), -1, -2) * scale_value), initial=0.0))
-        inputs["softcap"] = _softcap(draw, top, words)
-    if "alibi_slopes" in variants:
-        inputs["alibi_slopes"] = _alibi_slopes(draw, b, hq, "per-example", words)
-    if "lengths" in variants:
-        inputs["key_lengths"] = np.array([draw(_lengths(lk), label="key length") for _ in range(b)], dtype=np.int32)
-        words.append(f"key_lengths={inputs['key_lengths'].tolist()}")
-        if variant_allowed("query_lengths") and draw(st.booleans(), label="query lengths"):
-            inputs["query_lengths"] = np.array([draw(_lengths(lq), label="query length") for _ in range(b)],
-                                               dtype=np.int32)
-            words.append(f"query_lengths={inputs['query_lengths'].tolist()}")
+    words = _draw_variant_keywords(draw, inputs, variants)
     if outermost:
         _keep_inside(draw, shape_facts("sdpa", inputs))
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)
@@ -702,16 +709,10 @@ def _sink_token_lengths(length: int):
     return st.sampled_from(sorted({1, 2, 4, max(length, 1)})) | st.integers(1, max(length, 1))
 
 
-@st.composite
-def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), clauses=("sdpa.learnable-sink",),
-                             mask_kinds=("none",), causal=st.booleans(), **base) -> Case:
-    """An sdpa case using the issue-25 keywords named in ``features`` (each always used; SINK_FEATURES) on a case
-    of variant_cases with the older variant keywords ``variants`` (VARIANTS). With sink_token_length, a window
-    whose left edge is unbounded gets a bounded one (the sink tokens' only effect). ``base``: further keywords of
-    variant_cases / sdpa_cases."""
-    case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal,
-                              outermost=False, **base), label="variant case")
-    inputs = dict(case.inputs)
+def _draw_sink_chunk_leftpad(draw, inputs: dict, features) -> list[str]:
+    """The issue-25 keywords of ``features`` (SINK_FEATURES) drawn at their edges for the sdpa-shaped ``inputs``
+    (q, k and the older keywords already drawn; put in them, in this order); their labels. The learnable sink comes
+    last: it is placed against the scores every other keyword leaves."""
     q, k = inputs["q"], inputs["k"]
     b, hq, lq, _ = q.shape
     lk = k.shape[2]
@@ -738,6 +739,20 @@ def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), claus
                                **oracle.variant_options(inputs))
         inputs["learnable_sink"] = _sink_logits(form, rng, np.broadcast_to(scores, (b, hq, lq, lk)))
         words.append(f"sink={form}")
+    return words
+
+
+@st.composite
+def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), clauses=("sdpa.learnable-sink",),
+                             mask_kinds=("none",), causal=st.booleans(), **base) -> Case:
+    """An sdpa case using the issue-25 keywords named in ``features`` (each always used; SINK_FEATURES) on a case
+    of variant_cases with the older variant keywords ``variants`` (VARIANTS). With sink_token_length, a window
+    whose left edge is unbounded gets a bounded one (the sink tokens' only effect). ``base``: further keywords of
+    variant_cases / sdpa_cases."""
+    case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal,
+                              outermost=False, **base), label="variant case")
+    inputs = dict(case.inputs)
+    words = _draw_sink_chunk_leftpad(draw, inputs, features)
     _keep_inside(draw, shape_facts("sdpa", inputs))  # with this case's own keywords among its variants
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)
 
@@ -1013,3 +1028,45 @@ def paged_cases(draw, *, clauses=("paged.definition",), causal=st.booleans(), sc
              f"pages={num_blocks}{sharing}{' causal' if is_causal else ''} scale={chosen_scale} scores~{sigma_name} "
              f"{' '.join(words)} seed={seed}").replace("  ", " ").rstrip()
     return Case("sdpa_paged", inputs, tuple(clauses), label)
+
+
+# ------------------------------------------------------------------ multi_head_attention with variants
+# mha.variants: sdpa's variant keywords applied to each head's attention after the projections (Hq = Hkv =
+# num_heads). A case of mha_cases with some of them, drawn at sdpa's edges (_draw_variant_keywords,
+# _draw_sink_chunk_leftpad) on the per-head q and k its projections give, so that softcaps and sink logits are placed
+# against those heads' own scores.
+MHA_VARIANTS = VARIANTS + SINK_FEATURES
+
+
+def _runs_variant(name: str) -> bool:
+    """variant_allowed for a name of VARIANTS or SINK_FEATURES ("lengths" passes key_lengths, query_lengths too)."""
+    return variant_allowed("key_lengths" if name == "lengths" else name)
+
+
+@st.composite
+def mha_variant_cases(draw, *, variants=MHA_VARIANTS, required=None, clauses=("mha.variants",),
+                      mask_kinds=("none", "key-padding", "float"), causal=st.booleans(), min_heads: int = 1) -> Case:
+    """A multi_head_attention case using some of ``variants`` (names of VARIANTS and SINK_FEATURES): each the
+    implementation runs (its multi_head_attention signature and its region) drawn with probability 1/2, at least one
+    of ``required`` (default: of ``variants``). Rows may be left without keys, as in variant_cases."""
+    runnable = [name for name in variants if _runs_variant(name)]
+    needed = [name for name in runnable if required is None or name in required]
+    if not needed:
+        _outside_region(f"multi_head_attention takes none of the variant keywords {', '.join(required or variants)}")
+    chosen = [name for name in runnable if draw(st.booleans(), label=f"uses {name}")]
+    if not set(chosen) & set(needed):
+        chosen.append(draw(st.sampled_from(needed), label="the variant"))
+    case = draw(mha_cases(clauses=clauses, mask_kinds=mask_kinds, causal=causal, min_heads=min_heads,
+                          allow_empty_rows=True), label="base case")
+    inputs = dict(case.inputs)
+    trace: dict = {}
+    oracle.multi_head_attention(inputs["query"], inputs["key"], inputs["value"], inputs["params"],
+                                inputs["num_heads"], trace=trace)
+    heads = {"q": trace["q_heads"], "k": trace["k_heads"], "mask": inputs.get("mask"),
+             "is_causal": inputs.get("is_causal", False)}
+    words = _draw_variant_keywords(draw, heads, [n for n in VARIANTS if n in chosen])
+    words += _draw_sink_chunk_leftpad(draw, heads, [n for n in SINK_FEATURES if n in chosen])
+    inputs.update(oracle.variant_options(heads))
+    _keep_inside(draw, shape_facts("multi_head_attention", inputs))
+    return Case("multi_head_attention", inputs, case.clauses, f"{case.label} {' '.join(words)}",
+                mask_kind=case.mask_kind)

@@ -25,7 +25,7 @@ from attention_conformance.conformance.cases import Case, widen
 from attention_conformance.conformance.checks import ImplementationHung, Judge
 from attention_conformance.conformance.gradients import NotDifferentiable, backward_allowed, gradients
 from attention_conformance.conformance.plugin import require_device
-from attention_conformance.conformance.report import array_source
+from attention_conformance.conformance.report import _own_dtype, array_source
 from attention_conformance.conformance.strategies import DerivedCase, sdpa_cases
 from attention_conformance.conformance.test_properties import property_test
 from attention_conformance.implementations._arrays import ARRAY_KINDS, differentiable_kinds
@@ -33,8 +33,9 @@ from attention_conformance.implementations._arrays import ARRAY_KINDS, different
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
 
-GRAD_CLAUSE = {"dq": "grad.sdpa-q", "dk": "grad.sdpa-k", "dv": "grad.sdpa-v", "dmask": "grad.mask"}
-INPUT_OF = {"dq": "q", "dk": "k", "dv": "v", "dmask": "mask"}
+GRAD_CLAUSE = {"dq": "grad.sdpa-q", "dk": "grad.sdpa-k", "dv": "grad.sdpa-v", "dmask": "grad.mask",
+               "dsink": "grad.learnable-sink"}
+INPUT_OF = {"dq": "q", "dk": "k", "dv": "v", "dmask": "mask", "dsink": "learnable_sink"}
 
 
 def _without_autodiff(impl) -> str | None:
@@ -61,7 +62,13 @@ def gradient_cases(draw, *, float_masks_from_bool: bool = False, **sdpa_options)
     With ``float_masks_from_bool`` a boolean mask becomes an additive float one of the
     same (broadcast) shape: a random value where it attends, -inf where it does not.
     """
-    case = draw(sdpa_cases(**sdpa_options))
+    return with_upstream_gradient(draw, draw(sdpa_cases(**sdpa_options)), float_masks_from_bool)
+
+
+def with_upstream_gradient(draw, case: Case, float_masks_from_bool: bool = False) -> Case:
+    """``case`` plus its upstream gradient ``d_out`` (gradient_cases). Rows that the contract leaves without a value
+    of their own take dO = 0: padding rows i >= query_lengths[b] (unspecified) and rows without a key, whose output
+    is the declared FULLY_MASKED_ROWS policy's constant (a learnable sink keeps its rows: they are 0 by definition)."""
     seed = draw(st.integers(0, 2**32 - 1), label="dO seed")
     rng = np.random.default_rng([seed, 1])  # a stream of its own, even when seed equals the values seed
     inputs = dict(case.inputs)
@@ -70,9 +77,17 @@ def gradient_cases(draw, *, float_masks_from_bool: bool = False, **sdpa_options)
     if float_masks_from_bool and mask is not None and mask.dtype == np.bool_:
         inputs["mask"] = np.where(mask, rng.standard_normal(mask.shape), -np.inf)
         kind = f"float {kind} {mask.shape}"
-    q, v = inputs["q"], inputs["v"]
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
     inputs["d_out"] = rng.standard_normal(q.shape[:-1] + v.shape[-1:])
     label = case.label.replace(f"mask={case.mask_kind}", f"mask={kind}") + f" dO seed={seed}"
+    variants = oracle.variant_options(inputs)
+    if variants:
+        keep = np.broadcast_to(oracle.judged_rows(q, inputs.get("query_lengths"))[..., None], inputs["d_out"].shape)
+        keep = keep & ~oracle.fully_masked_rows(q, k, inputs.get("mask"), bool(inputs.get("is_causal", False)),
+                                                **variants)[..., None]
+        if not keep.all():
+            inputs["d_out"] = np.where(keep, inputs["d_out"], 0.0)
+            label += " (dO 0 on rows without a key or padding)"
     return Case("sdpa", inputs, case.clauses, label, mask_kind=kind)
 
 
@@ -93,17 +108,22 @@ class GradientJudge(Judge):
         options = {}
         for name, value in inputs.items():
             if isinstance(value, np.ndarray):
-                lines.append(f"{name} = {source(name, None, value, self.dtype)}")
+                # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype.
+                lines.append(f"{name} = {source(name, None, value, _own_dtype(name, value, self.dtype))}")
             else:
                 options[name] = value
-        arrays = [n for n in ("q", "k", "v", "mask") if n in inputs]
+        arrays = [n for n, value in inputs.items() if isinstance(value, np.ndarray) and n != "d_out"]
         lines.append("inputs = {" + ", ".join(f"{n!r}: {n}" for n in arrays) + "".join(
             f", {k!r}: {v!r}" for k, v in options.items()) + "}")
         lines.append(f"got = gradients(impl, inputs, d_out, device={self.device!r})")
         lines.append("options = (inputs.get('mask'), inputs.get('is_causal', False), inputs.get('scale'))")
-        lines.append("print('out max abs error', np.max(np.abs(got['out'] - oracle.sdpa(q, k, v, *options))))")
-        lines.append("want = oracle_backward.sdpa_backward(q, k, v, d_out, *options)")
-        lines.append("for name in want: print(name, 'max abs error', np.max(np.abs(got[name] - want[name])))")
+        lines.append("variants = oracle.variant_options(inputs)")
+        lines.append("rows = oracle.judged_rows(q, inputs.get('query_lengths'))[..., None]  # padding rows: not judged")
+        lines.append("print('out max abs error', np.max(np.where(rows, np.abs(got['out'] - oracle.sdpa(q, k, v, "
+                     "*options, **variants)), 0.0)))")
+        lines.append("want = oracle_backward.sdpa_backward(q, k, v, d_out, *options, **variants)")
+        lines.append("for name in want: print(name, 'max abs error', 'none: no gradient reached it' if got.get(name) "
+                     "is None else np.max(np.abs(got[name] - want[name])))")
         return "\n".join(lines)
 
     def replay(self, case: Case) -> None:
@@ -133,7 +153,9 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
 def _expected(inputs: dict, judge: Judge):
     a = widen(inputs)
     args = (a["q"], a["k"], a["v"], a["d_out"], a.get("mask"), a.get("is_causal", False), a.get("scale"))
-    return oracle_backward.sdpa_backward(*args), backward_allowed(*args, judge.dtype, tf32=judge.tf32)
+    variants = oracle.variant_options(a)
+    return (oracle_backward.sdpa_backward(*args, **variants),
+            backward_allowed(*args, judge.dtype, tf32=judge.tf32, **variants))
 
 
 def _worst(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
@@ -148,34 +170,60 @@ def _worst(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
     return error, ratio, worst
 
 
-def _per_head_gradients_agree(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
-    """GQA diagnosis: the gradient ``name`` with the kv heads repeated to Hq (no GQA) agrees with the oracle."""
-    hq = inputs["q"].shape[1]
-    expanded = dict(inputs, k=oracle.repeat_kv_heads(inputs["k"], hq).astype(inputs["k"].dtype),
-                    v=oracle.repeat_kv_heads(inputs["v"], hq).astype(inputs["v"].dtype))
+def gradient_agrees(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
+    """A diagnosis probe: whether the implementation's gradient ``name`` at ``inputs`` (rounded) agrees with the
+    analytic backward; False when it cannot tell (raised, missing, wrong shape). Records nothing."""
     try:
-        got = judge.limited(case, gradients, judge.impl, expanded, expanded["d_out"], judge.device)
+        got = judge.limited(case, gradients, judge.impl, inputs, inputs["d_out"], judge.device)
     except Exception:
         return False
-    want, allowed = _expected(expanded, judge)
+    want, allowed = _expected(inputs, judge)
     if got.get(name) is None or got[name].shape != want[name].shape:
         return False
     _, ratio, worst = _worst(got[name], want[name], allowed[name])
     return bool(ratio[worst] <= 1.0)
 
 
-def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "dv", "dmask")) -> None:
-    """Forward first (sdpa.definition), then each gradient in ``order`` against the analytic backward.
+def _per_head_gradients_agree(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
+    """GQA diagnosis: the gradient ``name`` with the kv heads repeated to Hq (no GQA) agrees with the oracle."""
+    hq = inputs["q"].shape[1]
+    expanded = dict(inputs, k=oracle.repeat_kv_heads(inputs["k"], hq).astype(inputs["k"].dtype),
+                    v=oracle.repeat_kv_heads(inputs["v"], hq).astype(inputs["v"].dtype))
+    return gradient_agrees(judge, case, expanded, name)
+
+
+def gqa_blame(judge: Judge, case: Case, inputs: dict, name: str) -> tuple[str, str]:
+    """(clause, note) for a gradient ``name`` beyond its tolerance: grad.gqa-sum when a grouped-query case's dK / dV
+    agree with the oracle once the kv heads are repeated to Hq (no GQA), else the gradient's own clause."""
+    clause, note = GRAD_CLAUSE[name], ""
+    if name in ("dk", "dv") and inputs["q"].shape[1] > inputs["k"].shape[1]:
+        group = inputs["q"].shape[1] // inputs["k"].shape[1]
+        if _per_head_gradients_agree(judge, case, inputs, name):
+            clause = "grad.gqa-sum"
+            note = (f"; with the kv heads repeated to Hq (no GQA) {name} agrees, so the sum over the "
+                    f"{group} query heads sharing each kv head is wrong")
+        else:
+            note = "; it also disagrees with the kv heads repeated to Hq (no GQA)"
+    return clause, note
+
+
+def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "dv", "dmask", "dsink"),
+                    forward_clause: str = "sdpa.definition", blame=gqa_blame) -> None:
+    """Forward first (``forward_clause``), then each gradient in ``order`` against the analytic backward.
 
     A NaN or inf where the analytic backward is finite fails the gradient's clause (as a NaN or inf in the
-    forward output fails sdpa.finite, in ``judge``). dK / dV failures of a grouped-query case name grad.gqa-sum when the per-head
-    gradients (kv heads repeated to Hq) agree with the oracle.
+    forward output fails sdpa.finite, in ``judge``). ``blame(judge, case, inputs, name)`` gives the clause and a note
+    for a gradient beyond its tolerance: by default (gqa_blame) dK / dV failures of a grouped-query case name
+    grad.gqa-sum when the per-head gradients (kv heads repeated to Hq) agree with the oracle. dq of padding rows
+    (i >= query_lengths[b]) is not judged: their output is unspecified.
     """
     __tracebackhide__ = True
     got = _gradients_or_verdict(judge, case, inputs)
-    judge.judge(case, got["out"], inputs, "sdpa.definition")
+    judge.judge(case, got["out"], inputs, forward_clause)
     want, allowed = _expected(inputs, judge)
-    grouped = inputs["q"].shape[1] > inputs["k"].shape[1]
+    if inputs.get("query_lengths") is not None and got.get("dq") is not None and got["dq"].shape == want["dq"].shape:
+        rows = np.broadcast_to(judge.judged_rows(case, inputs)[..., None], want["dq"].shape)
+        got["dq"] = np.where(rows, got["dq"], want["dq"])
     for name in [n for n in order if n in want]:
         clause = GRAD_CLAUSE[name]
         if got.get(name) is None:
@@ -185,15 +233,7 @@ def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "
                                              f"{want[name].shape} (the shape of {INPUT_OF[name]})")
         error, ratio, worst = _worst(got[name], want[name], allowed[name])
         if ratio[worst] > 1.0:
-            note = ""
-            if name in ("dk", "dv") and grouped:
-                group = inputs["q"].shape[1] // inputs["k"].shape[1]
-                if _per_head_gradients_agree(judge, case, inputs, name):
-                    clause = "grad.gqa-sum"
-                    note = (f"; with the kv heads repeated to Hq (no GQA) {name} agrees, so the sum over the "
-                            f"{group} query heads sharing each kv head is wrong")
-                else:
-                    note = "; it also disagrees with the kv heads repeated to Hq (no GQA)"
+            clause, note = blame(judge, case, inputs, name)
             index = tuple(int(i) for i in worst)
             problem = (f"{name} = dL/d{INPUT_OF[name]}: max abs error {float(error.max()):.3e} exceeds the allowed "
                        f"error (worst element: error {error[worst]:.3e} > allowed {allowed[name][worst]:.3e}, "

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.checks import Judge
 from attention_conformance.conformance.plugin import require_device
-from attention_conformance.conformance.strategies import mha_cases
+from attention_conformance.conformance.strategies import SINK_FEATURES, VARIANTS, mha_cases, mha_variant_cases
 from attention_conformance.conformance.test_properties import property_test
+from attention_conformance.implementations._registry import missing_keywords_message
 
 pytestmark = [pytest.mark.conformance, pytest.mark.op("multi_head_attention")]
 
@@ -111,3 +112,39 @@ def test_mha_shapes_of_the_documents():
     traced = [fx for fx in fixtures() if fx.shapes]
     assert traced, "no fixture records intermediate multi-head shapes"
     assert all(np.all(np.isfinite(fx.expected)) for fx in traced if fx.expected is not None)
+
+
+# ----------------------------------------------------------------- variant keywords (mha.variants)
+# sdpa's variant keywords applied to each head's attention after the projections, a random subset of those the
+# implementation runs per case (strategies.mha_variant_cases). A failure that passes without one keyword is filed
+# under that keyword's own sdpa clause (attribution.py); one that no single keyword explains under mha.variants.
+def takes_any(*names: str):
+    """``requires`` of property_test: why ``impl``'s multi_head_attention runs none of these variants (None: some)."""
+    keywords = [("key_lengths" if name == "lengths" else name) for name in names]
+
+    def reason(impl):
+        if not impl.implements("multi_head_attention"):
+            return None  # the op mark reports the operation missing
+        accepted = impl.accepted_keywords("multi_head_attention")
+        taken = [k for k in keywords if (accepted is None or k in accepted) and impl.region.allows_variant(k)]
+        if taken:
+            return None
+        return f"unsupported: {missing_keywords_message(impl.name, 'multi_head_attention', keywords)}"
+
+    return reason
+
+
+@property_test(covering_set="brief", requires=takes_any(*VARIANTS), op="multi_head_attention")
+@given(case=mha_variant_cases(variants=VARIANTS))
+def test_mha_variants(impl, device, dtype, case):
+    """Windows, softcap, ALiBi per head, query offsets and lengths inside multi-head attention."""
+    check(impl, device, dtype, case)
+
+
+@property_test(covering_set="brief", requires=takes_any(*SINK_FEATURES), op="multi_head_attention")
+@given(case=mha_variant_cases(variants=SINK_FEATURES + ("window", "query_offset"), min_heads=2,
+                              required=SINK_FEATURES))
+def test_mha_sinks_chunks_leftpad(impl, device, dtype, case):
+    """Learnable sinks per head, sink tokens, chunks and left padding inside multi-head attention (two heads or
+    more, so a sink or slope read in another head order shows)."""
+    check(impl, device, dtype, case)

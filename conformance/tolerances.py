@@ -328,15 +328,16 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
     return np.where(empty, 0.0, allowed)
 
 
-def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str) -> np.ndarray:
+def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str, **variants) -> np.ndarray:
     """spec/tolerances.yaml, sixteen_bit: each projection rounded to the dtype (float32 accumulators), the
-    16-bit sdpa model with those input errors, the output projection of the context's error."""
+    16-bit sdpa model with those input errors, the output projection of the context's error. ``variants``: the
+    case's variant keywords (mha.variants; query_lengths already left out), each head's as in sdpa."""
     u = unit_roundoff(dtype)
     u_acc = _accumulator_roundoff()
     c = _sixteen_bit_constants()
     p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
     trace: dict = {}
-    oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace)
+    oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace, **variants)
 
     def projection_error(x, name):
         x = np.asarray(x, dtype=np.float64)
@@ -352,8 +353,8 @@ def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype:
 
     dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
     context_error = _sdpa16_terms(trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u,
-                                  dq, dk, dv)
-    empty = oracle.fully_masked_rows(trace["q_heads"], trace["k_heads"], mask, is_causal)[..., None]
+                                  dq, dk, dv, **variants)
+    empty = oracle.fully_masked_rows(trace["q_heads"], trace["k_heads"], mask, is_causal, **variants)[..., None]
     # A fully masked row is zeros or, where declared, the mean of v: the first-order model's bound for it.
     v_all = np.abs(trace["v_heads"])
     spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
@@ -363,16 +364,21 @@ def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype:
     return merged_error @ np.abs(p["w_o"]) + projection_error(trace["merged"], "o")
 
 
-def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str, tf32: bool = False) -> np.ndarray:
+def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str, tf32: bool = False,
+                **variants) -> np.ndarray:
+    """``variants``: the case's variant keywords (mha.variants), each head's attention bounded as sdpa's with them
+    (the variants section of spec/tolerances.yaml); query_lengths changes nothing here (padding rows are not
+    judged)."""
+    variants = {n: x for n, x in variants.items() if n != "query_lengths"}
     if is_sixteen_bit(dtype):
-        return _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype)
+        return _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype, **variants)
     u = unit_roundoff(dtype)
     u_in = _tf32_input_rounding(tf32)
     c_proj = _constants("multi_head_attention")["c_proj"]
     c_in = tf32_input_constant()
     p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
     trace: dict = {}
-    oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace)
+    oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace, **variants)
 
     def projection_error(x, name):
         x = np.abs(np.asarray(x, dtype=np.float64))
@@ -386,7 +392,8 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
 
     dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
     context_error = _sdpa_terms(
-        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv, u_in=u_in
+        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv, u_in=u_in,
+        **variants,
     )
     context_error = np.broadcast_to(context_error, trace["context"].shape)
     merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)

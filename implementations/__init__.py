@@ -8,7 +8,8 @@ or more of
     sdpa(q, k, v, mask=None, is_causal=False, scale=None,
          *, window=None, softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None,
          learnable_sink=None, sink_token_length=0, attention_chunk=None, key_leftpad=None)
-    multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False)
+    multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False, *, <sdpa's variant
+         keywords>)  (applied to every head's attention after the projections; mha.variants)
     sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
                 *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None)
     sdpa_paged(q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None,
@@ -63,7 +64,7 @@ An operation that is not exposed is reported as not implemented, never as a
 failure. A keyword the signature does not accept (no ``scale`` parameter, say)
 makes the cases that need it unsupported, never failed; the variant keywords
 (sliding window, softcap, ALiBi, query offset, per-example lengths, attention sinks, chunked
-attention, left padding) are passed only to the cases that use them.
+attention, left padding) are passed only to the cases that use them, to sdpa and to multi_head_attention alike.
 
 The built-ins live one small class per framework in ``builtin.py``; their
 frameworks are imported only when a built-in is first called, so a framework that

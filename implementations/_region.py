@@ -322,6 +322,7 @@ def shape_facts(op: str, inputs: dict) -> dict:
     facts["is_causal"] = bool(inputs.get("is_causal", False))
     if op in ("sdpa", "sdpa_varlen", "sdpa_paged"):
         facts["scale"] = inputs.get("scale")
+    if op in ("sdpa", "multi_head_attention"):  # mha.variants: the same keywords, per head
         facts["variants"] = tuple(sorted(variant_options(inputs)))
     if op == "sdpa" and "q" in inputs:
         q, k, v = inputs["q"], inputs["k"], inputs["v"]

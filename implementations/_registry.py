@@ -39,7 +39,8 @@ SEQUENCE_VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": No
 OPTIONAL_KEYWORDS = {
     "softmax": {"axis": -1},
     "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS},
-    "multi_head_attention": {"mask": None, "is_causal": False},
+    # mha.variants: the same keywords, applied to each head's attention after the projections.
+    "multi_head_attention": {"mask": None, "is_causal": False, **VARIANT_DEFAULTS},
     "sdpa_varlen": {"is_causal": False, "scale": None, "seqused_k": None, **SEQUENCE_VARIANT_DEFAULTS},
     "sdpa_paged": {"is_causal": False, "scale": None, **SEQUENCE_VARIANT_DEFAULTS},
 }

@@ -204,13 +204,22 @@ def _project(x, params, name):
     return y if bias is None else y + bias
 
 
-def _mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, xp):
-    """Multi-head attention over any sdpa; the array namespace xp supplies reshape helpers."""
+def _mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, xp, **variants):
+    """Multi-head attention over any sdpa; the array namespace xp supplies reshape helpers. ``variants``: the variant
+    keywords a case uses (mha.variants), handed to each head's sdpa after the projections."""
     q = _split_heads(_project(query, params, "q"), num_heads, xp)
     k = _split_heads(_project(key, params, "k"), num_heads, xp)
     v = _split_heads(_project(value, params, "v"), num_heads, xp)
-    context = sdpa(q, k, v, mask=mask, is_causal=is_causal)
+    context = sdpa(q, k, v, mask=mask, is_causal=is_causal, **variants)
     return _project(_merge_heads(context, xp), params, "o")
+
+
+def _used(**variants) -> dict:
+    """The variant keywords of a multi_head_attention call that differ from their defaults (the ones a case uses),
+    to hand to its sdpa: an sdpa without one of the others then still runs the case."""
+    from attention_conformance.conformance import oracle
+
+    return oracle.variant_options(variants)
 
 
 _JITTED: dict = {}
@@ -238,20 +247,29 @@ def _jax_sdpa(body, q, k, v, mask, is_causal, scale):
     return _jitted(body, "is_causal")(q, k, v, mask, is_causal=is_causal, scale=scale)
 
 
-def _jax_mha(sdpa_body, query, key, value, params, num_heads, mask, is_causal):
-    """Multi-head attention around an sdpa body, the whole pipeline one jitted XLA program."""
+# Variant keywords that are structure (a compile each), not arrays: static in a jitted body.
+JAX_STATIC_VARIANTS = ("window", "softcap", "query_offset", "sink_token_length", "attention_chunk")
+
+
+def _jax_mha(sdpa_body, query, key, value, params, num_heads, mask, is_causal, **variants):
+    """Multi-head attention around an sdpa body, the whole pipeline one jitted XLA program. ``variants``: keywords
+    of the body (mha.variants), those of JAX_STATIC_VARIANTS static (hashable), the others traced arrays."""
     if ("mha", sdpa_body) not in _JITTED:
         import jax
         import jax.numpy as jnp
 
-        def mha(query, key, value, params, mask, num_heads, is_causal):
-            def sdpa(q, k, v, mask=None, is_causal=False):
-                return sdpa_body(q, k, v, mask, is_causal=is_causal, scale=None)
+        def mha(query, key, value, params, mask, arrays, num_heads, is_causal, static):
+            def sdpa(q, k, v, mask=None, is_causal=False, **extra):
+                return sdpa_body(q, k, v, mask, is_causal=is_causal, scale=None, **extra)
 
-            return _mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, jnp)
+            return _mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, jnp, **arrays,
+                             **dict(static))
 
-        _JITTED[("mha", sdpa_body)] = jax.jit(mha, static_argnames=("num_heads", "is_causal"))
-    return _JITTED[("mha", sdpa_body)](query, key, value, params, mask, num_heads=num_heads, is_causal=is_causal)
+        _JITTED[("mha", sdpa_body)] = jax.jit(mha, static_argnames=("num_heads", "is_causal", "static"))
+    static = tuple(sorted((n, v) for n, v in variants.items() if n in JAX_STATIC_VARIANTS))
+    arrays = {n: v for n, v in variants.items() if n not in JAX_STATIC_VARIANTS}
+    return _JITTED[("mha", sdpa_body)](query, key, value, params, mask, arrays, num_heads=num_heads,
+                                       is_causal=is_causal, static=static)
 
 
 class NumpyOracle:
@@ -279,10 +297,17 @@ class NumpyOracle:
         return oracle.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale, **variants)
 
     @staticmethod
-    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
+                             softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None,
+                             learnable_sink=None, sink_token_length=0, attention_chunk=None, key_leftpad=None):
         from attention_conformance.conformance import oracle
 
-        return oracle.multi_head_attention(query, key, value, params, num_heads, mask=mask, is_causal=is_causal)
+        return oracle.multi_head_attention(query, key, value, params, num_heads, mask=mask, is_causal=is_causal,
+                                           **_used(window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                                   query_offset=query_offset, query_lengths=query_lengths,
+                                                   key_lengths=key_lengths, learnable_sink=learnable_sink,
+                                                   sink_token_length=sink_token_length,
+                                                   attention_chunk=attention_chunk, key_leftpad=key_leftpad))
 
 
 def _accumulator(dtype: np.dtype) -> np.dtype:
@@ -378,7 +403,9 @@ class NumpyNative:
                         softcap=softcap, learnable_sink=learnable_sink)
 
     @classmethod
-    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
+                             softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None,
+                             learnable_sink=None, sink_token_length=0, attention_chunk=None, key_leftpad=None):
         dtype = query.dtype
         rounded = {name: p for name, p in params.items()}
 
@@ -388,7 +415,10 @@ class NumpyNative:
         q = _split_heads(project(query, "q"), num_heads, np)
         k = _split_heads(project(key, "k"), num_heads, np)
         v = _split_heads(project(value, "v"), num_heads, np)
-        context = cls.sdpa(q, k, v, mask=mask, is_causal=is_causal)
+        context = cls.sdpa(q, k, v, mask=mask, is_causal=is_causal, window=window, softcap=softcap,
+                           alibi_slopes=alibi_slopes, query_offset=query_offset, key_lengths=key_lengths,
+                           learnable_sink=learnable_sink, sink_token_length=sink_token_length,
+                           attention_chunk=attention_chunk, key_leftpad=key_leftpad)
         return project(_merge_heads(context, np), "o")
 
 
@@ -435,16 +465,24 @@ class TorchMath:
             # gpt-oss's form: the sink is one more column of the scores, its weight dropped before @ v.
             sink = _sink_4d(learnable_sink, q.shape[1]).to(scores.dtype).expand(*scores.shape[:-1], 1)
             return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
-        weights = torch.softmax(scores, dim=-1)
-        # A row with no attendable key is 0/0 in softmax; the contract says zeros.
-        weights = weights.masked_fill(scores.isneginf().all(-1, keepdim=True), 0.0)
+        # A row with no attendable key is 0/0 in softmax; the contract says zeros. Its scores are replaced before the
+        # softmax, not only its weights after: a softmax of -inf rows has NaN weights whose backward is NaN (times a
+        # zero upstream gradient), which reached dq, dk and a float mask's gradient.
+        empty = scores.isneginf().all(-1, keepdim=True)
+        weights = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
         return weights @ v
 
     @classmethod
-    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
+                             softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None,
+                             learnable_sink=None, sink_token_length=0, attention_chunk=None, key_leftpad=None):
         import torch
 
-        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch)
+        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch,
+                         **_used(window=window, softcap=softcap, alibi_slopes=alibi_slopes, query_offset=query_offset,
+                                 key_lengths=key_lengths, learnable_sink=learnable_sink,
+                                 sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                                 key_leftpad=key_leftpad))
 
 
 def _cuda_16bit(facts) -> bool:
@@ -551,10 +589,14 @@ class TorchSDPA:
         )
 
     @classmethod
-    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
+                             alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None):
+        # The variants its sdpa takes (no softcap, no sinks, chunks or left padding: SDPA has no hook for them).
         import torch
 
-        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch)
+        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch,
+                         **_used(window=window, alibi_slopes=alibi_slopes, query_offset=query_offset,
+                                 key_lengths=key_lengths))
 
 
 class _TorchSDPAKernel(TorchSDPA):
@@ -579,6 +621,12 @@ class _TorchSDPAKernel(TorchSDPA):
                 if "No available kernel" in str(exc):
                     raise NotImplementedError(f"{cls.BACKEND}: {str(exc).splitlines()[0]}") from None
                 raise
+
+    @classmethod
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+        import torch  # the pinned kernels take no variant keyword (sdpa above)
+
+        return _mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch)
 
 
 class TorchFlashAttention(_TorchSDPAKernel):
@@ -1116,9 +1164,16 @@ class JaxDotProductAttention:
         return jnp.swapaxes(out, 1, 2)
 
     @classmethod
-    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
+                             alibi_slopes=None, query_lengths=None, key_lengths=None):
+        # The variants its sdpa takes, converted as there (an unbounded window side beyond every distance).
+        if window is not None:
+            beyond = query.shape[1] + key.shape[1]
+            window = tuple(beyond if side is None else int(side) for side in window)
         with _xla_gpu_dot_refusal_unsupported():
-            return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal)
+            return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal,
+                            **_used(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
+                                    key_lengths=key_lengths))
 
 
 class JaxNumpy:
@@ -1223,12 +1278,20 @@ class JaxNumpy:
         return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
 
     @staticmethod
-    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
+                             softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None,
+                             learnable_sink=None, sink_token_length=0, attention_chunk=None, key_leftpad=None):
         import jax
 
+        # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
+        variants = _used(window=None if window is None else tuple(window), softcap=softcap,
+                         alibi_slopes=alibi_slopes, query_offset=int(query_offset), key_lengths=key_lengths,
+                         learnable_sink=learnable_sink, sink_token_length=int(sink_token_length),
+                         attention_chunk=None if attention_chunk is None else int(attention_chunk),
+                         key_leftpad=key_leftpad)
         # The projections too: "highest" makes every float32 matmul of the traced program full precision.
         with jax.default_matmul_precision("highest"):
-            return _jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal)
+            return _jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal, **variants)
 
     # Packed and paged batches (issue 25): one jitted program each, whatever the variants (every option an array,
     # neutral where unused), fed arrays padded on the host to bucket sizes (_bucket; head dims to a multiple of 8,

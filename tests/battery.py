@@ -14,13 +14,15 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from attention_conformance.conformance import (agreement, checks, properties, test_dropout, test_fixtures, test_gradients,
-                                               test_mha, test_paged, test_properties, test_variants, test_varlen)
+                                               test_mha, test_paged, test_properties, test_variant_gradients,
+                                               test_variants, test_varlen)
 from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.conformance.specdata import fixtures
 
 PROPERTY_TESTS = [
     fn
-    for module in (test_properties, test_mha, test_gradients, test_dropout, test_variants, test_varlen, test_paged)
+    for module in (test_properties, test_mha, test_gradients, test_dropout, test_variants, test_variant_gradients,
+                   test_varlen, test_paged)
     for name, fn in vars(module).items()
     if name.startswith("test_") and callable(fn) and hasattr(fn, "__wrapped__")
 ]
@@ -94,7 +96,9 @@ FAMILY_MODULES = {"grad.": test_gradients, "dropout.": test_dropout, "mha.": tes
                   **{clause: test_variants for clause in ("sdpa.window", "sdpa.softcap", "sdpa.alibi",
                                                           "sdpa.query-offset", "sdpa.varlen", "sdpa.variant-order",
                                                           "sdpa.learnable-sink", "sdpa.sink-tokens",
-                                                          "sdpa.attention-chunk", "sdpa.key-leftpad")}}
+                                                          "sdpa.attention-chunk", "sdpa.key-leftpad")},
+                  **{clause: test_variant_gradients for clause in ("grad.softcap", "grad.variants",
+                                                                   "grad.learnable-sink")}}
 
 
 def _family_tests(stop_on) -> list:

@@ -132,7 +132,7 @@ def test_every_clause_is_exercised_somewhere():
     import inspect
 
     from attention_conformance.conformance import (attribution, containment, judging, test_dropout, test_gradients,
-                                                   test_mha, test_properties)
+                                                   test_mha, test_properties, test_variant_gradients)
 
     named = {c for fx in fixtures() for c in fx.clauses}
     sources = inspect.getsource(test_properties) + inspect.getsource(containment) + inspect.getsource(judging) + inspect.getsource(attribution) + inspect.getsource(test_mha)
@@ -142,6 +142,7 @@ def test_every_clause_is_exercised_somewhere():
     from attention_conformance.conformance import test_paged, test_varlen
 
     sources += inspect.getsource(test_varlen) + inspect.getsource(test_paged)
+    sources += inspect.getsource(test_variant_gradients)
     unexercised = [cid for cid in clauses() if cid not in named and f'"{cid}"' not in sources]
     assert not unexercised, f"clauses no test names: {unexercised}"
 
