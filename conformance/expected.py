@@ -78,6 +78,7 @@ def expected_output(case: Case, inputs: dict, policy="zeros") -> np.ndarray:
     if case.op == "softmax":
         return oracle.softmax(a["x"], axis=a.get("axis", -1))
     if case.op == "sdpa":
+        a = oracle.dequantized(a)  # 8-bit q, k, v times their descale factors (sdpa.fp8-descale)
         return oracle.sdpa(
             a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"),
             fully_masked_rows_policy=policy, **oracle.variant_options(a),
@@ -88,19 +89,22 @@ def expected_output(case: Case, inputs: dict, policy="zeros") -> np.ndarray:
     )
 
 
-def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bool = False) -> np.ndarray:
+def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bool = False,
+                  output_dtype: str | None = None) -> np.ndarray:
     """The tolerance model's allowed error; ``tf32``: float32 matmuls declared to run in TF32 (FLOAT32_MATMUL);
-    ``policy`` as for expected_output."""
+    ``policy`` as for expected_output; ``output_dtype``: the result's dtype where it is not ``dtype`` (an 8-bit
+    case's FP8_OUTPUT_DTYPE)."""
     if not isinstance(policy, str):
-        return _by_row(policy, {name: allowed_error(case, inputs, dtype, str(name), tf32)
+        return _by_row(policy, {name: allowed_error(case, inputs, dtype, str(name), tf32, output_dtype)
                                 for name in np.unique(policy)})
     a = widen(inputs)
     if case.op == "softmax":
         return tolerances.softmax_allowed(a["x"], a.get("axis", -1), dtype)
     if case.op == "sdpa":
+        a = oracle.dequantized(a)  # the 8-bit model (spec/tolerances.yaml, eight_bit) sees the dequantized values
         return tolerances.sdpa_allowed(
             a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"), dtype, policy, tf32=tf32,
-            **oracle.variant_options(a),
+            output_dtype=output_dtype, **oracle.variant_options(a),
         )
     return tolerances.mha_allowed(
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False), dtype,
