@@ -36,7 +36,7 @@ VARIANT_CLAUSE_KEYWORDS = {
 }
 
 
-# FP8 attention (issue 25): an 8-bit case drawn for the descale clause is probed with every descale factor 1.
+# FP8 attention (issue 25): an 8-bit case drawn for the descale clause is probed with one factor per tensor.
 FP8_DESCALE_CLAUSE = "sdpa.fp8-descale"
 
 
@@ -180,7 +180,10 @@ class Attribution:
                 dk = q.shape[-1]
                 changes = {"v": np.concatenate([v] * -(-dk // v.shape[-1]), axis=-1)[..., :dk]}
         if changes is None and own == FP8_DESCALE_CLAUSE and oracle.descale_options(inputs):
-            changes = {name: np.ones_like(factors) for name, factors in oracle.descale_options(inputs).items()}
+            # One factor per tensor (its first), not 1: stored values near the format's top with a factor of 1 make
+            # scores a float32 kernel cannot exponentiate (e5m2's 57344^2), a fault of no clause here.
+            changes = {name: np.full_like(factors, factors.flat[0])
+                       for name, factors in oracle.descale_options(inputs).items()}
         if changes is None and own in VARIANT_CLAUSE_KEYWORDS:
             names = [n for n in VARIANT_CLAUSE_KEYWORDS[own] if n in inputs]
             if names:

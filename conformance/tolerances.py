@@ -437,9 +437,10 @@ def _rounding_groups(p: np.ndarray, v: np.ndarray, ratio: float) -> tuple[np.nda
     starts = np.ones_like(weights, dtype=bool)
     starts[:, 1:] = cell[:, 1:] != cell[:, :-1]
     first = np.flatnonzero(starts)
-    values = np.take_along_axis(np.broadcast_to(v[:, :, None], (b, h, lq, lk, dv)).reshape(-1, lk, dv),
-                                order[..., None], axis=1)
-    sums = np.add.reduceat((weights[..., None] * values).reshape(-1, dv), first, axis=0)  # S_gd, groups in row order
+    # v's rows in each weight row's order, gathered straight from (B * Hq * Lk, Dv): row r is of head r // Lq
+    head = (np.arange(rows.shape[0]) // lq)[:, None] * lk
+    values = v.reshape(-1, dv)[(head + order).ravel()]
+    sums = np.add.reduceat(weights.reshape(-1, 1) * values, first, axis=0)  # S_gd, the groups in row order
     totals = np.add.reduceat(weights.ravel(), first)  # P_g
     row_first = np.searchsorted(first // lk, np.arange(rows.shape[0]))  # every row starts a group at j = 0
     signed = np.sqrt(np.add.reduceat(sums * sums, row_first, axis=0)).reshape(b, h, lq, dv)

@@ -19,6 +19,8 @@ Paths:
   jax_dpa_cudnn jax.nn.dot_product_attention(implementation="cudnn") (CUDA only)
   jax_pallas_flash  the Pallas (Triton) flash attention of jax.experimental.pallas.ops.gpu (CUDA only)
   jax_numpy     hand-written jax.numpy, float32 matmuls at full float32 precision (CPU: float64 and float32)
+  torch_sdpa_fp8_dequant  float8 q, k, v (both 8-bit dtypes) dequantized by torch, torch_sdpa's call in float32,
+                bfloat16 out (FP8 attention, issue 25; 8-bit cases only)
 
 The variant keywords of sdpa (window, softcap, alibi_slopes, query_offset, query_lengths,
 key_lengths; learnable_sink, sink_token_length, attention_chunk, key_leftpad; README "The
@@ -1071,6 +1073,40 @@ class JaxPallasFlashAttention:
         return jnp.swapaxes(out, 1, 2)
 
 
+# ------------------------------------------------------------------ FP8 attention (issue 25)
+class TorchSDPADequantizedFP8:
+    """float8 q, k, v (torch.float8_e4m3fn, torch.float8_e5m2) dequantized by torch and run through
+    torch.nn.functional.scaled_dot_product_attention in float32, the output cast to bfloat16 (FP8_OUTPUT_DTYPE).
+
+    The path of a framework without FP8 attention kernels: torch's own float8 -> float32 conversion, times the
+    (B, Hkv) descale factors (q's repeated over the query heads of a group, as FlashAttention 3 reads them), then
+    torch_sdpa's call (its variant keywords as SDPA masks; no softcap: SDPA has no hook for it). torch's FP8
+    attention kernel (torch.nn.attention.experimental._scaled_dot_product_attention_quantized, FlashAttention 3)
+    is CUDA-only and needs an FA3 build: not a built-in until it has run on a GPU here.
+    """
+
+    NAME = "torch_sdpa_fp8_dequant"
+    ARRAY = "torch"
+    DTYPES = ("float8_e4m3fn", "float8_e5m2")
+    FP8_OUTPUT_DTYPE = "bfloat16"
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, alibi_slopes=None, query_offset=0,
+             query_lengths=None, key_lengths=None, q_descale=None, k_descale=None, v_descale=None):
+        import torch
+
+        def dequantized(x, descale):
+            x = x.to(torch.float32)
+            if descale is None:
+                return x
+            return x * descale.to(torch.float32).repeat_interleave(x.shape[1] // descale.shape[1], dim=1)[..., None, None]
+
+        out = TorchSDPA.sdpa(dequantized(q, q_descale), dequantized(k, k_descale), dequantized(v, v_descale), mask,
+                             is_causal, scale, window=window, alibi_slopes=alibi_slopes, query_offset=query_offset,
+                             query_lengths=query_lengths, key_lengths=key_lengths)
+        return out.to(torch.bfloat16)
+
+
 def _x64_off():
     """A context in which JAX traces with jax_enable_x64 off (its name moved between JAX releases)."""
     import jax
@@ -1097,4 +1133,5 @@ BUILTINS = (
     JaxCuDNNAttention,
     JaxPallasFlashAttention,
     JaxNumpy,
+    TorchSDPADequantizedFP8,
 )
