@@ -21,6 +21,7 @@ out and counted (the suite reports them as deviations, it does not judge them).
     python benchmarks/tolerance_calibration.py --precision-zoo   # the zoo's precision_* and correct 16-bit members
     python benchmarks/tolerance_calibration.py --ops variants,variants-kernel,softcap,alibi   # the sdpa variants
     python benchmarks/tolerance_calibration.py --ops sinks,sinks-kernel,chunk-leftpad   # issue 25's variants
+    python benchmarks/tolerance_calibration.py --fp8-zoo --ops fp8,fp8-kernel,fp8-decode,fp8-variants   # FP8 (issue 25)
 """
 from __future__ import annotations
 
@@ -35,10 +36,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from attention_conformance.conformance import checks, strategies  # noqa: E402
 from attention_conformance.conformance.strategies import drawing_inside  # noqa: E402
 from attention_conformance.implementations import builtin_implementations, load_implementation  # noqa: E402
+from attention_conformance.implementations._arrays import is_eight_bit  # noqa: E402
 from attention_conformance.implementations._region import parse_region  # noqa: E402
 
 # The region a flash-like kernel declares (zoo/kernel_correct.py): kernel-shaped cases only.
@@ -47,6 +50,11 @@ PRECISION_ZOO = ("zoo.kernel_correct", "zoo.correct_flash_blockwise", "zoo.corre
                  "zoo.correct_logsumexp", "zoo.correct_reference", "zoo.precision_fp16_as_bf16",
                  "zoo.precision_bf16_pv_accumulate", "zoo.precision_bf16_zeros_large_head",
                  "zoo.precision_bf16_exp2_no_log2e")
+# FP8 attention (issue 25; spec/tolerances.yaml, eight_bit): the correct 8-bit members beside the built-in
+# torch_sdpa_fp8_dequant: FlashAttention 3's pipeline emulated, the same with P in float32, and a path that
+# dequantizes to bfloat16 and computes there.
+FP8_ZOO = ("builtin:torch_sdpa_fp8_dequant", "zoo.correct_fp8_fa3_emulation", "zoo.correct_fp8_unrounded_p",
+           "zoo.correct_fp8_dequant_bf16")
 
 
 def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None = None) -> dict:
@@ -74,7 +82,8 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
             return
         policy = impl.policy_for(inputs.get("mask")) if case.op != "softmax" else "zeros"
         want = checks.expected_output(case, inputs, policy)
-        allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy), want.shape)
+        allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy,
+                                                       output_dtype=impl.output_dtype(dtype)), want.shape)
         finite = np.isfinite(want) & (allowed > 0)
         if case.op == "sdpa":  # padding rows of a variable-length batch (sdpa.varlen) are not judged
             finite &= np.broadcast_to(checks.Judge(impl, dtype, "cpu").judged_rows(case, inputs)[..., None], want.shape)
@@ -94,10 +103,8 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
                 found["zero_rows64"] += int(zero.sum())
 
     declared = impl.region if impl.region.declared else None
-    if declared is not None or region is not None:
-        with drawing_inside(declared if declared is not None else parse_region(region)):
-            run()
-    else:
+    # The dtype is a fact of the drawing: an 8-bit case draws values of the 8-bit dtype measured (fp8_cases).
+    with drawing_inside(declared if declared is not None else parse_region(region), {"dtype": dtype, "device": "cpu"}):
         run()
     return found
 
@@ -119,6 +126,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=60)
     parser.add_argument("--impl", action="append", help="module[:attr] to measure instead of the built-ins")
     parser.add_argument("--precision-zoo", action="store_true", help="measure the zoo's 16-bit members")
+    parser.add_argument("--fp8-zoo", action="store_true", help="measure the 8-bit built-in and the zoo's 8-bit members")
     parser.add_argument("--dtype", action="append", help="only these dtypes")
     parser.add_argument("--ops", default="sdpa,sdpa-kernel,softmax,multi_head_attention")
     parser.add_argument("--seed", type=int, default=None, help="draw at random from this seed (default derandomized)")
@@ -128,7 +136,8 @@ def main() -> None:
         import random
 
         random.seed(args.seed)
-    specs = list(args.impl or []) + (list(PRECISION_ZOO) if args.precision_zoo else [])
+    specs = list(args.impl or []) + (list(PRECISION_ZOO) if args.precision_zoo else []) \
+        + (list(FP8_ZOO) if args.fp8_zoo else [])
     impls = [load_implementation(s) for s in specs] if specs else builtin_implementations()
     ops = {
         "sdpa": ("sdpa", strategies.sdpa_cases(allow_empty_rows=True), None),
@@ -149,6 +158,13 @@ def main() -> None:
         "chunk-leftpad": ("sdpa", strategies.sink_chunk_leftpad_cases(
             features=strategies.SINK_FEATURES, variants=("window", "query_offset"),
             mask_kinds=("none", "key-padding")), None),
+        # FP8 (spec/tolerances.yaml, eight_bit): the cases of conformance/test_fp8.py, small and kernel-shaped,
+        # decode against a long cache, and with a window and a softcap.
+        "fp8": ("sdpa", strategies.fp8_cases(), None),
+        "fp8-kernel": ("sdpa", strategies.fp8_cases(), KERNEL_REGION),
+        "fp8-decode": ("sdpa", strategies.fp8_cases(mask_kinds=("none", "key-padding"), causal=st.just(False),
+                                                    query_mode="decode"), None),
+        "fp8-variants": ("sdpa", strategies.fp8_cases(variants=("window", "softcap"), mask_kinds=("none",)), None),
         "softmax": ("softmax", strategies.softmax_cases(), None),
         "multi_head_attention": ("multi_head_attention", strategies.mha_cases(), None),
     }
@@ -161,6 +177,8 @@ def main() -> None:
             continue
         for dtype in impl.dtypes_on("cpu"):
             if args.dtype and dtype not in args.dtype:
+                continue
+            if any(op.startswith("fp8") for op in ops) != is_eight_bit(dtype):  # as collection decides
                 continue
             row = []
             for op, strategy, region in ops.values():
