@@ -22,6 +22,7 @@ out and counted (the suite reports them as deviations, it does not judge them).
     python benchmarks/tolerance_calibration.py --ops variants,variants-kernel,softcap,alibi   # the sdpa variants
     python benchmarks/tolerance_calibration.py --ops sinks,sinks-kernel,chunk-leftpad   # issue 25's variants
     python benchmarks/tolerance_calibration.py --fp8-zoo --ops fp8,fp8-kernel,fp8-decode,fp8-variants   # FP8 (issue 25)
+    python benchmarks/tolerance_calibration.py --fp8-adversarial   # FP8 rows built to correlate P's roundings
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from hypothesis import strategies as st  # noqa: E402
 from attention_conformance.conformance import checks, strategies  # noqa: E402
 from attention_conformance.conformance.strategies import drawing_inside  # noqa: E402
 from attention_conformance.implementations import builtin_implementations, load_implementation  # noqa: E402
-from attention_conformance.implementations._arrays import is_eight_bit  # noqa: E402
+from attention_conformance.implementations._arrays import is_eight_bit, numpy_dtype  # noqa: E402
 from attention_conformance.implementations._region import parse_region  # noqa: E402
 
 # The region a flash-like kernel declares (zoo/kernel_correct.py): kernel-shaped cases only.
@@ -109,6 +110,61 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
     return found
 
 
+# Rows built to make the roundings of P correlate, where a random walk over independent roundings would fail
+# (spec/tolerances.yaml, eight_bit, term 2): nearly equal weights, duplicate keys, a plateau beside one dominant key,
+# geometric weights (scores in arithmetic progression, ALiBi-like), two levels of weights, values all positive.
+FP8_ADVERSARIAL = ("random", "near-uniform", "positive-v-flat", "duplicates", "plateau", "progression", "two-levels",
+                   "large")
+
+
+def fp8_adversarial_case(kind: str, dtype: str, lk: int, rng):
+    """(stored q, k, v, q_descale, k_descale, v_descale) of one such row family: B 1, Hq 2, Hkv 1, D 64."""
+    b, hq, hkv, lq, d = 1, 2, 1, 2 if lk > 1000 else 4, 64
+    q, k, v = rng.standard_normal((b, hq, lq, d)), rng.standard_normal((b, hkv, lk, d)), rng.standard_normal((b, hkv, lk, d))
+    if kind == "near-uniform":
+        q *= 1e-3
+    elif kind == "positive-v-flat":
+        q, v = q * 1e-2, np.abs(v) + 1
+    elif kind == "duplicates":
+        k[:, :, 1:], v = k[:, :, :1], np.abs(v)
+    elif kind == "plateau":
+        q, v = q * 0.05, np.abs(v) + 0.5
+        k[:, :, 0] *= 30
+    elif kind == "progression":
+        q, k, v = np.zeros_like(q), np.zeros_like(k), np.abs(v)
+        q[..., 0] = 1.0
+        k[..., 0] = np.arange(lk) * rng.uniform(0.001, 0.05)
+    elif kind == "two-levels":
+        k[:, :, ::2], k[:, :, 1::2], v = k[:, :, :1], k[:, :, 1:2], np.abs(v) + 1
+    elif kind == "large":
+        q, k = q * 4, k * 4
+    stored = [strategies.quantized(x, hkv, "calibrated", dtype, rng) for x in (q, k, v)]
+    return tuple(x for x, _ in stored) + tuple(factors for _, factors in stored)
+
+
+def fp8_adversarial(specs) -> None:
+    """Max error / allowed per implementation and 8-bit dtype over the FP8_ADVERSARIAL rows, Lk 5, 300 and 2048."""
+    from attention_conformance.conformance import oracle, tolerances
+
+    rng = np.random.default_rng(0)
+    for spec in specs:
+        impl = load_implementation(spec)
+        for dtype in (d for d in impl.dtypes if is_eight_bit(d)):
+            worst = {}
+            for kind in FP8_ADVERSARIAL:
+                for lk in (5, 300, 2048):
+                    q, k, v, qd, kd, vd = fp8_adversarial_case(kind, dtype, lk, rng)
+                    arrays = {n: x.astype(numpy_dtype(dtype)) for n, x in zip("qkv", (q, k, v))}
+                    arrays.update(q_descale=qd.astype(np.float32), k_descale=kd.astype(np.float32),
+                                  v_descale=vd.astype(np.float32))
+                    got = impl.call("sdpa", arrays, {}, "cpu").astype(np.float64)
+                    dq, dk, dv = oracle.dequantize(q, k, v, qd, kd, vd)
+                    allowed = tolerances.sdpa_allowed(dq, dk, dv, None, False, None, dtype,
+                                                      output_dtype=impl.output_dtype(dtype))
+                    worst[kind] = max(worst.get(kind, 0.0), float(np.max(np.abs(got - oracle.sdpa(dq, dk, dv)) / allowed)))
+            print(f"{impl.name:<34}{dtype:<15}" + " ".join(f"{kind} {r:.3f}" for kind, r in worst.items()), flush=True)
+
+
 def summary(found: dict) -> str:
     r = found["ratios"]
     if not r:
@@ -127,11 +183,16 @@ def main() -> None:
     parser.add_argument("--impl", action="append", help="module[:attr] to measure instead of the built-ins")
     parser.add_argument("--precision-zoo", action="store_true", help="measure the zoo's 16-bit members")
     parser.add_argument("--fp8-zoo", action="store_true", help="measure the 8-bit built-in and the zoo's 8-bit members")
+    parser.add_argument("--fp8-adversarial", action="store_true",
+                        help="the 8-bit built-in and zoo members on rows built to correlate P's roundings")
     parser.add_argument("--dtype", action="append", help="only these dtypes")
     parser.add_argument("--ops", default="sdpa,sdpa-kernel,softmax,multi_head_attention")
     parser.add_argument("--seed", type=int, default=None, help="draw at random from this seed (default derandomized)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
+    if args.fp8_adversarial:
+        fp8_adversarial(args.impl or FP8_ZOO)
+        return
     if args.seed is not None:
         import random
 

@@ -15,27 +15,16 @@ from hypothesis import strategies as st
 from attention_conformance.conformance.strategies import fp8_cases
 from attention_conformance.conformance.test_properties import check, property_test
 from attention_conformance.conformance.test_variants import needs
-from attention_conformance.implementations._registry import DESCALE_DEFAULTS, missing_keywords_message
+from attention_conformance.implementations._registry import DESCALE_DEFAULTS
 
 pytestmark = [pytest.mark.conformance, pytest.mark.eight_bit]
 sdpa_op = pytest.mark.op("sdpa")
 
 
 def needs_descales(*variant_keywords: str):
-    """``requires`` of property_test: why ``impl`` cannot run 8-bit cases (the descale keywords, and the variant
-    keywords the property uses, missing from its signature or region), or None."""
-    variants = needs(*variant_keywords) if variant_keywords else None
-
-    def reason(impl):
-        if not impl.implements("sdpa"):
-            return None  # the op mark reports the operation missing
-        accepted = impl.accepted_keywords("sdpa")
-        missing = [k for k in DESCALE_DEFAULTS if accepted is not None and k not in accepted]
-        if missing:
-            return f"unsupported: {missing_keywords_message(impl.name, 'sdpa', missing)}"
-        return variants(impl) if variants else None
-
-    return reason
+    """``requires`` of property_test: why ``impl`` cannot run 8-bit cases (the descale keywords, or the variant
+    keywords the property uses, missing from its signature; a variant keyword its SUPPORTS leaves out), or None."""
+    return needs(*DESCALE_DEFAULTS, *variant_keywords)
 
 
 # The whole case space of 8-bit inputs: shapes small and kernel-shaped, causal or not, no mask, a key-padding mask
