@@ -75,9 +75,10 @@ def keyword_lines(impl: Implementation, op: str) -> list[str]:
     eight_bit = [d for d in impl.dtypes if is_eight_bit(d)]
     if op == "sdpa" and eight_bit:  # FP8 attention (issue 25): what its 8-bit cases need
         missing = [k for k in DESCALE_DEFAULTS if accepted is not None and k not in accepted]
-        lines.append(f"8-bit cases ({', '.join(eight_bit)}): descales "
-                     + (f"missing: {', '.join(missing)} (every 8-bit case unsupported)" if missing
-                        else ", ".join(DESCALE_DEFAULTS)) + f"; output dtype {impl.fp8_output_dtype} (FP8_OUTPUT_DTYPE)")
+        descales = f"missing: {', '.join(missing)} (every 8-bit case unsupported)" if missing \
+            else ", ".join(DESCALE_DEFAULTS)
+        lines.append(f"8-bit cases ({', '.join(eight_bit)}): descales {descales}; "
+                     f"output dtype {impl.fp8_output_dtype} (FP8_OUTPUT_DTYPE)")
     if op == "sdpa" and impl.region.variants is not None:
         drawn = [k for k in impl.region.variants if accepted is None or k in accepted]
         lines.append(f"sdpa variants declared in SUPPORTS (the only ones drawn): {', '.join(drawn) or 'none'}")

@@ -715,10 +715,10 @@ def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), claus
 # them, stored = fp8(x / descale), and the case holds the stored values (exact in the 8-bit dtype under test) and
 # the float32 factors. Each tensor draws how its factors are set: "calibrated" (descale = max |x| / the format's
 # largest value per (batch, kv head), with the heads' magnitudes spread over a decade so that the factors
-# differ by up to 10x: what FlashAttention 3's users and vLLM's calibration do), "one" (descale 1: the stored values are the
-# real ones), "large" (descales 2^3 .. 2^8: small stored values, the format's subnormals and zeros among them),
-# "small" (2^-8 .. 2^-3: stored values near the top of the format) and "per-tensor" (one factor for every
-# (batch, kv head): vLLM's per-tensor scales expanded to (B, Hkv)). q's factors are per kv head: one for the
+# differ by up to 10x: what FlashAttention 3's users and vLLM's calibration do), "one" (descale 1: the stored
+# values are the real ones), "large" (descales 2^3 .. 2^8: small stored values, the format's subnormals and zeros
+# among them), "small" (2^-8 .. 2^-3: stored values near the top of the format) and "per-tensor" (one factor for
+# every (batch, kv head): vLLM's per-tensor scales expanded to (B, Hkv)). q's factors are per kv head: one for the
 # query heads of a group.
 DESCALE_FORMS = ("calibrated", "one", "large", "small", "per-tensor")
 FP8_SCALES = st.none() | st.sampled_from([1.0, 0.125, 0.5])
