@@ -10,7 +10,7 @@ named (--impl, --list-impls), or the run is in the suite's own source checkout. 
 load spec/ and fixtures/, register and load its Hypothesis profiles, default to xdist and set the
 defaults the suite's pyproject.toml gives a checkout (pytest reads the ini file of the user's
 project, never the suite's): the `conformance`/`selfcheck`/`op`/`large_shapes` markers, a 120 s
-per-test timeout, -rfExX, and JAX's DeprecationWarnings ignored.
+per-test timeout, -rExX, and JAX's DeprecationWarnings ignored.
 
 In those runs the per-test timeout raises an exception Hypothesis does not take for a failing example
 (conformance/time_limit.py: pytest-timeout's own had Hypothesis shrink past the limit), and SIGTERM
@@ -49,7 +49,10 @@ MARKERS = (
     "eight_bit: a test of 8-bit inputs (FP8), parametrised over the 8-bit dtypes an implementation declares only",
 )
 DEFAULT_TIMEOUT = 120  # seconds per test (pytest-timeout), as pyproject.toml's `timeout`
-DEFAULT_REPORT_CHARS = "fExX"  # failures, errors and declared deviations (xfail/xpass) by name
+# Errors and declared deviations (xfail/xpass) by name. Not pytest's list of failed tests ("f"): each failure's block
+# names its test, and the conformance summary above the list names the causes and clauses (README, "Reading a
+# failure"); -rf brings the list back.
+DEFAULT_REPORT_CHARS = "ExX"
 
 
 def pytest_addoption(parser):
@@ -241,6 +244,18 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that failed with verdicts: their repro files are saved and each is printed as a short block
+    (conformance/failure_block.py), in the process that ran it."""
+    report = yield
+    if call.excinfo is not None and engaged(item.config):
+        from attention_conformance.conformance import failure_block
+
+        failure_block.after_test(item, call, report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtestloop(session):
     """When the tests end (or are interrupted), SIGTERM no longer interrupts: the summary and report are written."""
     try:
@@ -318,6 +333,15 @@ def pytest_configure_node(node):
         from attention_conformance.conformance import plugin as support
 
         support.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodeready(node):
+    """pytest-xdist: a failure block names its test and its verdict; the worker's platform and interpreter line
+    above each ("[gw0] linux -- Python 3.11.7 /path/python", from pytest's report, which caches it on the node)
+    is one line of every block that says nothing about the implementation: left out under the suite."""
+    if engaged(node.config):
+        node._workerinfocache = ""
 
 
 @pytest.hookimpl(optionalhook=True)

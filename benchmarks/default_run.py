@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMAND = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+COMMAND = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfExX"]  # -rf: FAILED lines are read
 OUTCOME = re.compile(r"(\d+) (passed|failed|skipped|errors?)")
 
 

@@ -57,7 +57,8 @@ BREAKS_LINE = re.compile(r"^zoo_\S+ breaks: (?P<clauses>.+)$", re.M)
 
 
 def one_run(member: str, exitfirst: bool = False) -> dict:
-    command = [sys.executable, "-m", "pytest", "conformance", "--impl", f"zoo.{member}", "-p", "no:cacheprovider", "-q"]
+    command = [sys.executable, "-m", "pytest", "conformance", "--impl", f"zoo.{member}", "-p", "no:cacheprovider", "-q",
+               "-rfExX"]  # -rf: the FAILED lines are read below
     if exitfirst:
         command.append("-x")
     with tempfile.TemporaryDirectory(prefix="hypothesis-") as storage:

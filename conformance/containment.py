@@ -75,8 +75,8 @@ class HungEarlier(BaseException):
     pytest still reports the test failed with this message.
     """
 
-    def __init__(self, clause: str, message: str, record=None):
-        self.clause, self.record = clause, record
+    def __init__(self, clause: str, message: str, record=None, evidence=None):
+        self.clause, self.record, self.evidence = clause, record, evidence
         super().__init__(message)
 
 
@@ -189,6 +189,14 @@ def _difference(original: np.ndarray, now) -> str | None:
 
     return (f"{int(changed.sum())} of {changed.size} element(s) changed in place "
             f"(index {index}: was {show(original[index])}, now {show(now[index])})")
+
+
+def _shown_path(filename: str) -> str:
+    """A source file as a failure names it: relative to the current directory when inside it (shorter)."""
+    try:
+        return os.path.relpath(filename) if not os.path.relpath(filename).startswith("..") else filename
+    except ValueError:  # another drive (Windows)
+        return filename
 
 
 def _is_array(value) -> bool:
@@ -309,7 +317,7 @@ class Containment:
             self.not_implemented(case, exc)
         except Exception as exc:  # contained: this case fails, the session goes on
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            raised = f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})"
+            raised = f"{type(exc).__name__}: {exc} (at {_shown_path(where.filename)}:{where.lineno})"
         SUPPORT_COUNTS["supported"] += 1
         if raised:
             clause, blame = case.clauses[0], ""

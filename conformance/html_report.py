@@ -506,7 +506,7 @@ def _render_plot(points: list[dict], names: list[str], Figure, FigureCanvasAgg) 
 
 
 def _split_message(message: str) -> tuple[str, str, str]:
-    """A failure message as (its problem line, its worst-element line, the repro snippet or "")."""
+    """A failure message as (its problem line, its worst-element line, the repro command or "")."""
     from .report import REPRO_HEADING, REPRO_LEFT_OUT
 
     problem = worst = ""
@@ -547,7 +547,7 @@ def _failures(cases: list[dict]) -> str:
     out.append(f'<p>{len(failed)} failed case record(s) in {len(groups)} group(s) (implementation × test × clause × '
                "device × dtype). Each row is the last record of its group — for a Hypothesis property, the "
                "shrunk example it reported: its case, the problem, the worst element and the ratio error / allowed "
-               "there. Open <i>message and repro</i> for the whole verdict and a snippet that reproduces it.</p>")
+               "there. Open <i>message and repro</i> for the whole verdict and the command that replays it.</p>")
     rows = []
     for key in keys[:MAX_FAILURE_GROUPS]:
         records = groups[key]

@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from . import agreement, checks, coverage, environment, root_causes, session, summary
+from . import agreement, checks, coverage, environment, repro, root_causes, session, summary
 from .report import distinct
 from .specdata import ROOT
 
@@ -44,7 +44,19 @@ def build_report(config, exitstatus) -> dict:
         "cases": _case_dicts(distinct(checks.RECORDS)),
         "agreement": agreement.matrix(),
     })
+    saved = repro.directory()
+    if saved is not None and any(rec.repro_id for rec in checks.RECORDS):
+        report["repro_directory"] = _relative_to_report(saved, config)
     return report
+
+
+def _relative_to_report(directory: Path, config) -> str:
+    """The repro directory as the report names it: relative to the report's own directory when beside it."""
+    report = Path(str(config.invocation_params.dir)) / config.getoption("conformance_report")
+    try:
+        return str(directory.relative_to(report.resolve().parent))
+    except ValueError:
+        return str(directory)
 
 
 def _case_dicts(records) -> list[dict]:
@@ -52,7 +64,7 @@ def _case_dicts(records) -> list[dict]:
 
     Hypothesis records every failing example it tries while shrinking and replays
     the smallest last, so of the failures of one implementation, test, clause, op,
-    device and dtype only the last carries the repro snippet (the one the terminal
+    device and dtype only the last carries the repro command (the one the terminal
     showed); the others keep their verdict, problem and worst element.
     """
     last = {}

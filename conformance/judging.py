@@ -2,7 +2,7 @@
 
 ``Judge.judge`` compares an output with the float64 oracle under the tolerance model
 (spec/tolerances.yaml), checks fully masked rows against the declared FULLY_MASKED_ROWS policy, and
-explains the worst element; ``Judge.fail`` words a failure (clause, case, worst element, repro),
+explains the worst element; ``Judge.fail`` words a failure (clause, case, worst element, repro command),
 turns it into a declared deviation where KNOWN_DEVIATIONS covers it, and records every verdict in
 RECORDS for the summary and the report.
 
@@ -28,9 +28,12 @@ from .cases import Case, widen
 from .containment import LAST_UNSUPPORTED, SUPPORT_COUNTS, UNSUPPORTED_BEFORE_SKIP, Containment, HungEarlier
 from .expected import allowed_error, expected_output, fully_masked_causes
 from .report import CaseRecord, ConformanceFailure, failure_message, repro
+from .repro import MAX_INLINE_ELEMENTS, Evidence
+from .repro import command as repro_command
 
 RECORDS: list[CaseRecord] = []  # every judged case of the session, for the report
-MAX_REPRO_ELEMENTS = 4096  # a case with more input elements gets a rerun hint instead of a printed repro
+# --print-python inlines a case's arrays up to this many elements, else reads them from the repro file.
+MAX_REPRO_ELEMENTS = MAX_INLINE_ELEMENTS
 
 
 def breaks_order(records) -> dict[str, list[str]]:
@@ -106,18 +109,30 @@ class Judge(Containment, Attribution):
         self._last_policy: tuple | None = None  # (inputs, policy) of the latest case
 
     # ------------------------------------------------------------- plumbing
-    def _snippet(self, case: Case, inputs: dict) -> str:
-        size = sum(np.size(v) for v in inputs.values() if isinstance(v, np.ndarray))
-        size += sum(np.size(x) for v in inputs.values() if isinstance(v, dict) for x in v.values())
+    def _snippet(self, case: Case, inputs: dict, arrays_file: str | None = None) -> str:
+        """A standalone script calling the implementation on the case and printing its error against the oracle
+        (``attention-conformance repro ID --print-python``); ``arrays_file``: read the inputs from that repro file
+        instead of printing them."""
         if case.notes.get("fixture"):
             return (
                 "from attention_conformance.conformance.test_fixtures import run_fixture_repro\n"
                 f"run_fixture_repro({self.impl.spec!r}, {case.notes['fixture']!r}, {self.dtype!r}, {self.device!r})"
             )
-        if size > MAX_REPRO_ELEMENTS:
-            return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
         return repro(self.impl.spec, case.op, inputs, self.dtype, self.device, self.policy(case, inputs),
-                     layout=self.impl.layout if self.impl.layout_inputs(case.op) else "bhld")
+                     layout=self.impl.layout if self.impl.layout_inputs(case.op) else "bhld", arrays_file=arrays_file)
+
+    def replay(self, case: Case) -> None:
+        """The verdict on ``case`` again, outside pytest (conformance/repro.py, for a failure of a test whose
+        arguments were not saved): run it and judge it against the oracle, as ``check`` does; a fixture's case also
+        against the printed values."""
+        __tracebackhide__ = True
+        if case.notes.get("fixture"):
+            from .specdata import fixtures
+            from .test_fixtures import judge_fixture
+
+            judge_fixture(self, {fx.id: fx for fx in fixtures()}[case.notes["fixture"]])
+            return
+        self.check(case)
 
     def facts(self, case: Case, inputs: dict) -> dict:
         """What a declared deviation's ``when`` may look at."""
@@ -243,13 +258,14 @@ class Judge(Containment, Attribution):
         return want, np.broadcast_to(self.allowed(case, inputs, policy), want.shape)
 
     def fail(self, clause: str, case: Case, inputs: dict, problem: str, worst: str = "", record=None,
-             stop: bool = False, drawn_for: str | None = None, attribute: bool = True):
+             stop: bool = False, drawn_for: str | None = None, attribute: bool = True, raised: bool = False):
         """Raise the verdict (ConformanceFailure; HungEarlier with ``stop``), unless it is a declared deviation.
 
         ``attribute``: a property's own check (a metamorphic relation, say) that fails on a case whose
         values are off only because of a feature the test is not about is filed under that feature's
         clause (surfaced_fault). ``drawn_for``: the clause the case was drawn for, when the failure is
-        filed under another; a deviation declared for either covers it.
+        filed under another; a deviation declared for either covers it. ``raised``: the call raised (the problem
+        says what), so a probe that passes shows the case runs without the feature, not that values were off.
         """
         __tracebackhide__ = True
         facts = None if stop else self.facts(case, inputs)
@@ -260,8 +276,9 @@ class Judge(Containment, Attribution):
                 and not clause.startswith("contract.") and not reason:
             surfaced = self.fault_behind(clause, case, inputs)
             if surfaced:
-                problem += (f"; the case's values are off and the same case passes {surfaced[1]}: the fault is "
-                            f"{surfaced[0]}'s, surfaced in a check of {clause}")
+                finding = "the same case runs and passes" if raised else \
+                    "the case's values are off and the same case passes"
+                problem += f"; {finding} {surfaced[1]}: the fault is {surfaced[0]}'s, surfaced in a check of {clause}"
                 drawn_for, clause = clause, surfaced[0]
                 reason = self.impl.declared_deviation(clause, facts)
         if not reason and drawn_for and drawn_for != clause and not stop:
@@ -269,6 +286,9 @@ class Judge(Containment, Attribution):
         if reason:
             self.record(case, clause, "deviation", message=f"{problem} -- declared: {reason}")
             declared_deviation(f"{clause}: {reason}")
+        # What its repro file will hold (written when the test ends, failure_block.py): a failure Hypothesis
+        # shrinks past costs no file.
+        evidence = Evidence.of(self, clause, case, problem, worst)
         message = failure_message(
             clause=clause,
             impl_name=self.impl.name,
@@ -280,7 +300,7 @@ class Judge(Containment, Attribution):
             mask_kind=case.mask_kind,
             problem=problem,
             worst=worst,
-            snippet=self._snippet(case, inputs),
+            repro_command=repro_command(evidence.id),
         )
         if record is None:
             record = self.record(case, clause, "failed")
@@ -288,8 +308,8 @@ class Judge(Containment, Attribution):
             RECORDS.append(record)
         record.status, record.message = "failed", message
         if stop:
-            raise HungEarlier(clause, message, record)
-        raise ConformanceFailure(clause, message, record)
+            raise HungEarlier(clause, message, record, evidence)
+        raise ConformanceFailure(clause, message, record, evidence)
 
     def new_record(self, case: Case, clause: str, status: str, **figures) -> CaseRecord:
         """A record of this case, not yet kept (fail(record=...) keeps it with the verdict)."""

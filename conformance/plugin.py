@@ -19,7 +19,7 @@ from attention_conformance.implementations import builtin_implementations, load_
 from attention_conformance.implementations._arrays import (ARRAY_KINDS, DECLARABLE_DTYPE_NAMES, EIGHT_BIT_DTYPE_NAMES,
                                                            device_names)
 
-from . import session
+from . import repro, session
 from .session import IMPLS_KEY, USER_NAMED_KEY, implementations
 from .specdata import SpecError, clauses, fixtures
 
@@ -80,6 +80,7 @@ def configure(config) -> None:
         raise pytest.UsageError(f"two implementations share the name(s) {sorted(duplicates)}; set NAME to tell them apart")
     config.stash[IMPLS_KEY] = impls
     config.stash.setdefault(USER_NAMED_KEY, {impl.name for impl in impls})
+    repro.configure(config)
     if config.getoption("list_impls"):
         _print_impls(impls)
         pytest.exit("listed implementations", returncode=0)
@@ -364,10 +365,12 @@ def tests_ended() -> None:
 
 
 def configure_node(node) -> None:
-    """pytest-xdist, on the controller: tell a new worker where to stream what it judges (transport.py)."""
+    """pytest-xdist, on the controller: tell a new worker where to stream what it judges (transport.py) and where
+    to save repros (repro.py)."""
     from . import transport
 
     node.workerinput[transport.STREAM_KEY] = transport.open_stream_directory()
+    repro.node_input(node)
 
 
 def item_done(config) -> None:
@@ -407,6 +410,7 @@ def finish(pytest_session) -> None:
 
 def unconfigure() -> None:
     session.restore_signal_handlers()
+    repro.forget()
     # pytest's unraisable-exception cleanup, which runs after this hook, collects garbage five times over; with
     # torch, JAX and a run's Hypothesis data alive each full collection takes 0.6 s (3 s at the end of every
     # worker, measured). One collection here still surfaces whatever cyclic garbage raises when freed; freezing

@@ -37,6 +37,7 @@ from hypothesis.errors import HypothesisException, Unsatisfiable
 from attention_conformance.implementations._region import EVERYTHING
 
 from . import checks, covering
+from .repro import remember_call
 from .strategies import DerivedCase, _small_shapes_inside, drawing_inside
 
 JIT_EXAMPLE_DIVISOR = 10  # see README, "Speed": XLA compiles once per distinct input signature
@@ -226,6 +227,9 @@ def run_covering_set(test, corners: list[dict], args, kwargs, target: int = 0) -
             inner(*args, **kwargs, **drawn)
         except (pytest.skip.Exception, pytest.xfail.Exception, covering.CannotBuild):
             continue  # unsupported here, a declared deviation (recorded as such), or a draw in the test refused
+        except BaseException as failure:
+            remember_call(failure, inner, {**kwargs, **drawn})  # its repro calls the test again with these
+            raise
         judged += 1
     return judged
 
@@ -253,11 +257,15 @@ class bounded_failure:
             except HypothesisException:
                 raise  # a rejected example (unsupported, a declared deviation), not a failure
             except Exception as failure:
+                remember_call(failure, inner, kwargs)  # its repro calls the test again with these (repro.py)
                 now = time.monotonic()
                 if self.first_failure is None:
                     self.first_failure, self.records_before_failure = now, before
                 elif now - self.first_failure > SHRINK_BUDGET_S:
                     raise ShrinkingStopped(failure, now - self.first_failure) from failure
+                raise
+            except BaseException as stop:  # HungEarlier: not shrunk, still reproduced
+                remember_call(stop, inner, kwargs)
                 raise
 
         self.test.hypothesis.inner_test = timed

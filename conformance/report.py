@@ -1,7 +1,6 @@
 """Verdict messages, copy-pasteable repros, and the per-case records kept for the report."""
 from __future__ import annotations
 
-import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ class CaseRecord:
     ratio: float | None = None
     message: str = ""
     shapes: dict[str, list[int]] = field(default_factory=dict)
+    repro_id: str = ""  # a failure whose repro file was saved (conformance/repro.py): its ID
 
     def as_dict(self, repro: bool = True) -> dict[str, Any]:
         """The record as written to the JSON report (docs/report.md, ``cases[]``), compacted.
@@ -36,9 +36,10 @@ class CaseRecord:
         (max_abs_error, allowed, ratio) only when it is a finite number, rounded to
         FIGURE_DIGITS significant digits (a ratio never rounds across 1); op and
         shapes (as one string, see ``shapes_text``) only for a record that did not
-        pass; message only when not empty. ``repro=False`` leaves the repro snippet
-        out of a failure's message (json_report keeps it in the last
-        failing record of each test, clause, device and dtype).
+        pass; message only when not empty; repro (the ID of its saved repro file) for a
+        failure whose file was saved. ``repro=False`` leaves the repro command out of a
+        failure's message (json_report keeps it in the last failing record of each
+        test, clause, device and dtype).
         """
         data: dict[str, Any] = {"test": self.test, "implementation": self.implementation, "clause": self.clause,
                                 "case": self.case}
@@ -54,6 +55,8 @@ class CaseRecord:
             data["message"] = message
         if self.status != "passed" and self.shapes:
             data["shapes"] = shapes_text(self.shapes)
+        if self.repro_id:
+            data["repro"] = self.repro_id
         return data
 
     def transport(self) -> dict[str, Any]:
@@ -103,7 +106,8 @@ def _worst_ratio(rec: CaseRecord) -> float:
 
 
 FIGURE_DIGITS = 6
-REPRO_HEADING = "repro (run with python in the directory pytest ran in):"  # --impl modules import from there
+# The line before a failure's repro command (conformance/repro.py): --impl modules import from that directory.
+REPRO_HEADING = "repro (run in the directory pytest ran in):"
 REPRO_LEFT_OUT = "repro: left out here; the last failing record of this test, clause, device and dtype has it"
 
 
@@ -114,7 +118,7 @@ def _figure(value: float, ratio: bool = False) -> float:
 
 
 def without_repro(message: str) -> str:
-    """A failure message without its repro snippet (everything from the line REPRO_HEADING on)."""
+    """A failure message without its repro command (everything from the line REPRO_HEADING on)."""
     lines = message.split("\n")
     for index, line in enumerate(lines):
         if line.strip() == REPRO_HEADING:
@@ -137,11 +141,13 @@ def parse_shapes(text: str) -> dict[str, tuple[int, ...]]:
 
 
 class ConformanceFailure(AssertionError):
-    """A verdict against an implementation. ``clause`` is the clause it breaks."""
+    """A verdict against an implementation. ``clause`` is the clause it breaks; ``evidence`` what its repro file
+    holds (conformance/repro.py), from which the terminal's failure block is written (failure_block.py)."""
 
-    def __init__(self, clause: str, message: str, record: CaseRecord | None = None):
+    def __init__(self, clause: str, message: str, record: CaseRecord | None = None, evidence=None):
         self.clause = clause
         self.record = record
+        self.evidence = evidence
         super().__init__(message)
 
 
@@ -155,30 +161,51 @@ def _array_literal(array: np.ndarray, dtype: str) -> str:
     return f"np.array({body}, dtype=np.{dtype})"
 
 
+def array_source(arrays_file: str | None, dtype: str):
+    """(lines to put first, source(name, key, array, dtype) of one input array) for a repro snippet.
+
+    Inline literals by default; with ``arrays_file`` (a repro's .npz, conformance/repro.py) the inputs are read from
+    it and rounded to ``dtype`` as the run rounded them (Case.rounded), however large they are.
+    """
+    if arrays_file is None:
+        return [], lambda name, key, array, own: _array_literal(array, own)
+    prelude = ["from pathlib import Path",
+               "from attention_conformance.conformance import repro",
+               f"inputs = repro.load(Path({arrays_file!r})).case.rounded({dtype!r})"]
+    return prelude, lambda name, key, array, own: f"inputs[{name!r}]" + (f"[{key!r}]" if key is not None else "")
+
+
+def _own_dtype(name: str, value: np.ndarray, dtype: str) -> str:
+    # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype (README, "The contract").
+    own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink", *DESCALES)
+    return str(value.dtype) if own else dtype
+
+
 def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: str, policy="zeros",
-          layout: str = "bhld") -> str:
+          layout: str = "bhld", arrays_file: str | None = None) -> str:
     """A snippet that rebuilds the inputs, calls the implementation and prints its error against the oracle.
 
     ``policy``: the FULLY_MASKED_ROWS policy of the case's fully masked rows, or (B, Hq, Lq) names, one per row.
     ``layout``: the implementation's LAYOUT; impl.call hands q, k, v over in it and reads the output back.
+    ``arrays_file``: read the inputs from this repro file instead of printing them (array_source).
     """
+    prelude, source = array_source(arrays_file, dtype)
     lines = [
         "import numpy as np, ml_dtypes",
         "from attention_conformance.implementations import load_implementation",
         "from attention_conformance.conformance import oracle",
+        *prelude,
         f"impl = load_implementation({impl_spec!r})",
     ]
     arrays, options = {}, {}
     for name, value in inputs.items():
         if isinstance(value, dict):
             lines.append(f"{name} = {{")
-            lines += [f"    {key!r}: {_array_literal(item, dtype)}," for key, item in value.items()]
+            lines += [f"    {key!r}: {source(name, key, item, dtype)}," for key, item in value.items()]
             lines.append("}")
             arrays[name] = name
         elif isinstance(value, np.ndarray):
-            # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype (README, "The contract").
-            own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink", *DESCALES)
-            lines.append(f"{name} = {_array_literal(value, str(value.dtype) if own else dtype)}")
+            lines.append(f"{name} = {source(name, None, value, _own_dtype(name, value, dtype))}")
             arrays[name] = name
         else:
             options[name] = value
@@ -228,7 +255,7 @@ def failure_message(
     mask_kind: str,
     problem: str,
     worst: str = "",
-    snippet: str = "",
+    repro_command: str = "",
 ) -> str:
     shape_text = ", ".join(f"{k}{tuple(v)}" for k, v in shapes.items())
     parts = [
@@ -239,7 +266,7 @@ def failure_message(
     ]
     if worst:
         parts.append(f"  worst    {worst}")
-    if snippet:
+    if repro_command:
         parts.append("  " + REPRO_HEADING)
-        parts.append(textwrap.indent(snippet, "    "))
+        parts.append("    " + repro_command)
     return "\n".join(parts)

@@ -105,10 +105,10 @@ def call_with_dropout(impl, inputs: dict, device: str, dropout_p: float, seed: i
 class DropoutJudge(Judge):
     """A Judge whose repro snippet calls sdpa with dropout_p (and the seed) again."""
 
-    def _snippet(self, case: Case, inputs: dict) -> str:
+    def _snippet(self, case: Case, inputs: dict, arrays_file: str | None = None) -> str:
         notes = case.notes
         if "dropout_p" not in notes:
-            return super()._snippet(case, inputs)
+            return super()._snippet(case, inputs, arrays_file)
         b, h, lq, lk = notes["shape"]
         return "\n".join([
             "import numpy as np, ml_dtypes",

@@ -29,10 +29,16 @@ def fixture_case(fx: Fixture) -> Case:
 
 
 def test_fixture(fixture_case: Fixture, impl, device, dtype):
-    fx = fixture_case
     require_device(impl, device)
-    judge = Judge(impl, dtype, device, f"test_fixture[{fx.id}]")
-    case = globals()["fixture_case"](fx)
+    judge_fixture(Judge(impl, dtype, device, f"test_fixture[{fixture_case.id}]"), fixture_case)
+
+
+def judge_fixture(judge: Judge, fx: Fixture) -> None:
+    """The fixture against the oracle and, in the dtypes of a direct comparison, its printed values (or away from
+    its counterexample): the test's verdict, also replayed by `attention-conformance repro` (Judge.replay)."""
+    __tracebackhide__ = True
+    impl, device, dtype = judge.impl, judge.device, judge.dtype
+    case = fixture_case(fx)
     got, inputs = judge.run(case)
     judge.judge(case, got, inputs)
     # Padding rows (sdpa.varlen) are unspecified: left out of the cross-backend agreement too.
@@ -55,12 +61,9 @@ def test_fixture(fixture_case: Fixture, impl, device, dtype):
 
 
 def run_fixture_repro(impl_spec: str, fixture_id: str, dtype: str, device: str) -> None:
-    """Rerun one fixture on one implementation outside pytest, printing the verdict."""
+    """Rerun one fixture on one implementation outside pytest, printing the verdict (a failure raises it)."""
     from attention_conformance.implementations import load_implementation
 
     fx = {f.id: f for f in fixtures()}[fixture_id]
-    judge = Judge(load_implementation(impl_spec), dtype, device)
-    case = fixture_case(fx)
-    got, inputs = judge.run(case)
-    judge.judge(case, got, inputs)
+    judge_fixture(Judge(load_implementation(impl_spec), dtype, device), fx)
     print(f"{fixture_id}: passed on {impl_spec} {device}/{dtype}")

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_conformance.conformance import checks, oracle, oracle_backward
+from attention_conformance.conformance import oracle, oracle_backward
 from attention_conformance.conformance.cases import Case, widen
 from attention_conformance.conformance.checks import ImplementationHung, Judge
 from attention_conformance.conformance.gradients import NotDifferentiable, backward_allowed, gradients
 from attention_conformance.conformance.plugin import require_device
-from attention_conformance.conformance.report import _array_literal
+from attention_conformance.conformance.report import array_source
 from attention_conformance.conformance.strategies import DerivedCase, sdpa_cases
 from attention_conformance.conformance.test_properties import property_test
 from attention_conformance.implementations._arrays import ARRAY_KINDS, differentiable_kinds
@@ -80,21 +80,20 @@ def gradient_cases(draw, *, float_masks_from_bool: bool = False, **sdpa_options)
 class GradientJudge(Judge):
     """A Judge whose repro snippet recomputes the gradients."""
 
-    def _snippet(self, case: Case, inputs: dict) -> str:
-        size = sum(np.size(a) for a in inputs.values() if isinstance(a, np.ndarray))
-        if size > checks.MAX_REPRO_ELEMENTS:
-            return f"(inputs too large to print: {size} elements; rerun the test id shown above)"
+    def _snippet(self, case: Case, inputs: dict, arrays_file: str | None = None) -> str:
+        prelude, source = array_source(arrays_file, self.dtype)
         lines = [
             "import numpy as np, ml_dtypes",
             "from attention_conformance.implementations import load_implementation",
             "from attention_conformance.conformance import oracle, oracle_backward",
             "from attention_conformance.conformance.gradients import gradients",
+            *prelude,
             f"impl = load_implementation({self.impl.spec!r})",
         ]
         options = {}
         for name, value in inputs.items():
             if isinstance(value, np.ndarray):
-                lines.append(f"{name} = {_array_literal(value, self.dtype)}")
+                lines.append(f"{name} = {source(name, None, value, self.dtype)}")
             else:
                 options[name] = value
         arrays = [n for n in ("q", "k", "v", "mask") if n in inputs]
@@ -106,6 +105,10 @@ class GradientJudge(Judge):
         lines.append("want = oracle_backward.sdpa_backward(q, k, v, d_out, *options)")
         lines.append("for name in want: print(name, 'max abs error', np.max(np.abs(got[name] - want[name])))")
         return "\n".join(lines)
+
+    def replay(self, case: Case) -> None:
+        __tracebackhide__ = True
+        judge_gradients(self, case, case.rounded(self.dtype))
 
 
 def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
@@ -124,7 +127,7 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
         raised = f"sdpa is not differentiable with {impl.array} autodiff: {exc}"
     except Exception as exc:  # contained: this case fails, the session goes on
         raised = f"computing the gradients raised {type(exc).__name__}: {exc}"
-    judge.fail(case.clauses[0], case, inputs, raised)
+    judge.fail(case.clauses[0], case, inputs, raised, raised=True)
 
 
 def _expected(inputs: dict, judge: Judge):

@@ -64,7 +64,12 @@ def test_mha_scale_is_head_width(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(covering_set="brief")
+def _heads_split_e(impl) -> str | None:
+    return impl.region.mha_head_width_e_over_h and \
+        f"{impl.name} declares mha_head_width 'e_over_h' in SUPPORTS: no head width other than E / H"
+
+
+@property_test(covering_set="brief", requires=_heads_split_e)
 @given(case=mha_cases(bias=st.just("all"), mask_kinds=("none",), causal=st.just(False), clauses=("mha.head-width-free",),
                       head_width_free=True))
 def test_mha_head_width_not_e_over_h(impl, device, dtype, case):

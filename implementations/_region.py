@@ -39,7 +39,10 @@ from typing import Any, Callable
 
 MASK_KINDS = ("none", "bool", "float")
 KEYS = ("head_dims", "value_head_dim", "lengths", "equal_lengths", "masks", "causal", "scale", "gqa", "max_group",
-        "variants")
+        "variants", "mha_head_width")
+# "mha_head_width": "e_over_h" for multi-head attention whose heads split the model width (H * Dk == H * Dv == E, as
+# torch.nn.MultiheadAttention requires); "any" (default) for projections of any width.
+MHA_HEAD_WIDTHS = ("any", "e_over_h")
 # "causal": a kernel whose causal path assumes one length relation (a flash kernel's query-block loop that
 # stops at the diagonal) declares it; the top-left band of the contract is the same for all three.
 CAUSAL_RELATIONS = ("lq<=lk", "lq>=lk", "lq==lk")
@@ -155,6 +158,7 @@ class Region:
     causal_lengths: str | None = None  # one of CAUSAL_RELATIONS: causal cases only with it
     scale: str = "any"  # one of SCALE_SIGNS
     variants: tuple[str, ...] | None = None  # the variant keywords it runs (None: those its signature accepts)
+    mha_head_width_e_over_h: bool = False  # multi_head_attention only with H * Dk == H * Dv == E
 
     # ------------------------------------------------------------ questions
     @property
@@ -196,6 +200,11 @@ class Region:
             if undeclared:
                 return (f"variant keyword(s) {', '.join(undeclared)} (declared variants: "
                         f"{', '.join(self.variants) or 'none'})")
+        if self.mha_head_width_e_over_h and facts.get("op") == "multi_head_attention" \
+                and {"Hq", "Dk", "Dv", "E"} <= set(facts) \
+                and not facts["Hq"] * facts["Dk"] == facts["Hq"] * facts["Dv"] == facts["E"]:
+            return (f"head widths H*Dk {facts['Hq'] * facts['Dk']}, H*Dv {facts['Hq'] * facts['Dv']} with E {facts['E']} "
+                    "(declared mha_head_width: 'e_over_h')")
         if "Hq" in facts and "Hkv" in facts and facts["Hkv"] and facts["Hq"] != facts["Hkv"]:
             group = facts["Hq"] // facts["Hkv"]
             if not self.gqa:
@@ -225,6 +234,7 @@ class Region:
             "gqa": self.gqa,
             "max_group": self.max_group,
             "variants": "per signature" if self.variants is None else list(self.variants),
+            "mha_head_width": "e_over_h" if self.mha_head_width_e_over_h else "any",
             "supports()": self.check is not None,
         }
 
@@ -287,6 +297,11 @@ def parse_region(declared, check=None, where: str = "SUPPORTS") -> Region:
         if unknown:
             raise RegionError(f"{where}['variants'] names unknown variant keywords {unknown}; allowed: {list(known)}")
         kwargs["variants"] = tuple(n for n in known if n in names)
+    if "mha_head_width" in declared:
+        if declared["mha_head_width"] not in MHA_HEAD_WIDTHS:
+            raise RegionError(f"{where}['mha_head_width'] must be one of {list(MHA_HEAD_WIDTHS)}, "
+                              f"got {declared['mha_head_width']!r}")
+        kwargs["mha_head_width_e_over_h"] = declared["mha_head_width"] == "e_over_h"
     if "max_group" in declared:
         if not (isinstance(declared["max_group"], int) and declared["max_group"] >= 1):
             raise RegionError(f"{where}['max_group'] must be an int >= 1, got {declared['max_group']!r}")
@@ -315,5 +330,7 @@ def shape_facts(op: str, inputs: dict) -> dict:
     elif op == "multi_head_attention" and "query" in inputs:
         heads, params = inputs["num_heads"], inputs["params"]
         facts.update(B=inputs["query"].shape[0], Hq=heads, Hkv=heads, Lq=inputs["query"].shape[1],
-                     Lk=inputs["key"].shape[1], Dk=params["w_q"].shape[1] // heads, Dv=params["w_v"].shape[1] // heads)
+                     Lk=inputs["key"].shape[1], Dk=params["w_q"].shape[1] // heads, Dv=params["w_v"].shape[1] // heads,
+                     E=inputs["query"].shape[-1], E_k=inputs["key"].shape[-1], E_v=inputs["value"].shape[-1],
+                     E_out=params["w_o"].shape[1])
     return facts

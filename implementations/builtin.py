@@ -496,6 +496,7 @@ class TorchFlexAttention:
     DTYPES = ("float32", "float16", "bfloat16")
     COMPILED = True
     SUPPORTS = {"head_dims": {"min": 16, "max": 256}}
+    ALWAYS_LSE = False  # ask flex for the log-sum-exp only where a learnable sink needs it
     _compiled = None
 
     @classmethod
@@ -579,7 +580,7 @@ class TorchFlexAttention:
                                         offset=int(query_offset), sink_tokens=int(sink_token_length),
                                         chunk=attention_chunk, **options)
         block_mask = None if mask_mod is None else create_block_mask(mask_mod, b, hq, lq, lk, device=q.device)
-        if learnable_sink is None:
+        if learnable_sink is None and not cls.ALWAYS_LSE:
             return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                enable_gqa=hq != k.shape[1])
         try:  # torch >= 2.9 asks for the log-sum-exp as an AuxRequest (return_lse is deprecated there)
@@ -591,6 +592,8 @@ class TorchFlexAttention:
             out, aux = cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                    enable_gqa=hq != k.shape[1], return_aux=AuxRequest(lse=True))
             lse = aux.lse
+        if learnable_sink is None:
+            return out
         sink = _sink_4d(learnable_sink, hq)[..., 0].to(device=lse.device, dtype=lse.dtype)  # (1, Hq, 1)
         return (out * torch.sigmoid(lse - sink)[..., None].to(out.dtype)).to(q.dtype)
 
@@ -618,6 +621,7 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
     COMPILED = True
     GRADIENTS = False
     SUPPORTS = {}
+    ALWAYS_LSE = True  # one structure of call for dynamo with and without a sink (_mods)
 
     @classmethod
     def _flex(cls):
@@ -630,11 +634,12 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
 
         def eager(*args, **kwargs):
             # Eager flex still traces its call with dynamo (backend "eager"), once per new guard set. Shapes
-            # dynamic from the first call and no 0/1 specialisation: 104 -> 43 traces of 0.2 s in a default run
-            # (24.7 s -> 14.3 s inside this built-in's calls). The traced graph calls the same aten ops on the
+            # dynamic from the first call, no 0/1 specialisation and no duck sizing (two sizes that happen to be
+            # equal are not guarded equal): 104 -> 43 traces of 0.2 s in a default run, then 16 -> 4 over this
+            # built-in's tests in one process (with ALWAYS_LSE). The traced graph calls the same aten ops on the
             # same tensors, so what is judged does not change; the patches are scoped to this call.
             with warnings.catch_warnings(), torch._dynamo.config.patch(assume_static_by_default=False), \
-                    fx_config.patch(backed_size_oblivious=True):
+                    fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
                 # "flex_attention called without torch.compile()": intended here (see the class docstring).
                 warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
                 return flex_attention(*args, **kwargs)
@@ -646,10 +651,12 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
               lengths=None, slopes=None, pads=None):
         """The same modifications with one structure whatever the options: each option is a tensor, neutral where
         the case does not use it (a window edge beyond every distance, key lengths Lk, no padding, a bias of 0,
-        ...). Dynamo traces eager flex once per structure of its mods (their closures' None-ness and Python
-        values are guarded), so the options' 2^11 structures cost a trace each (0.2-1 s; 40-80 a default run);
-        with this, one per {mask_mod, score_mod} present. Exactly the same values: x + 0 and x - 0 * d are x,
-        and a where() picks softcap's tanh only where it is asked for."""
+        ...). Dynamo traces eager flex once per structure of its call (the mods' closures' None-ness and Python
+        values, a block mask or none, the log-sum-exp asked or not are guarded), so the options' 2^11 structures
+        cost a trace each (0.2-1 s; 40-80 a default run); with this (and the log-sum-exp always asked for), one per
+        {mask_mod, score_mod} present. A mod is left out where the case has nothing for it: a neutral mask_mod costs
+        a BlockMask built over every score, 2-5x the call on the property shapes. Exactly the same values: x + 0
+        and x - 0 * d are x, and a where() picks softcap's tanh only where it is asked for."""
         import torch
 
         device, whole = q.device, dict(dtype=torch.int64, device=q.device)
@@ -717,6 +724,7 @@ class TorchMultiheadAttentionModule:
     NAME = "torch_nn_mha"
     ARRAY = "torch"
     DTYPES = ALL_DTYPES
+    SUPPORTS = {"mha_head_width": "e_over_h"}  # said, so that generated cases are drawn inside
 
     @staticmethod
     def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):

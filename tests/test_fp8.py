@@ -13,7 +13,7 @@ import pytest
 from attention_conformance.conformance import oracle, plugin, tolerances
 from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.report import ConformanceFailure
+from attention_conformance.conformance.report import ConformanceFailure, repro
 from attention_conformance.conformance.specdata import SpecError, clauses, fixtures, load_fixture_file
 from attention_conformance.conformance.strategies import quantized
 from attention_conformance.conformance.test_fp8 import needs_descales
@@ -137,11 +137,20 @@ def test_an_eight_bit_case_must_come_back_in_fp8_output_dtype():
     judge = Judge(impl, E4M3, "cpu", "self-check")
     case = Case("sdpa", dict(fx.inputs), fx.clauses, fx.id)
     with pytest.raises(ConformanceFailure, match=r"(?s)\[sdpa.fp8-output-dtype\].*output dtype float32, expected "
-                                                 r"bfloat16 \(FP8_OUTPUT_DTYPE of float8_e4m3fn inputs") as raised:
+                                                 r"bfloat16 \(FP8_OUTPUT_DTYPE of float8_e4m3fn inputs"):
         judge.check(case)
-    # The repro rebuilds the 8-bit inputs with ml_dtypes and the factors in float32
-    assert "q = np.array([[[[0.0]], [[0.0]]]]).astype(ml_dtypes.float8_e4m3fn)" in str(raised.value)
-    assert "v_descale = np.array([[2.0, 0.5]], dtype=np.float32)" in str(raised.value)
+
+
+def test_a_repro_snippet_rebuilds_the_8bit_inputs_and_their_factors(capsys):
+    """The printed repro holds q, k, v in ml_dtypes' float8 and the descale factors in float32, and runs."""
+    fx = next(fx for fx in fixtures() if fx.id == "fp8-descale-per-kv-head")
+    inputs = Case("sdpa", dict(fx.inputs), fx.clauses, fx.id).rounded(E4M3)
+    snippet = repro("zoo.broken_fp8_descale_twice", "sdpa", inputs, E4M3, "cpu")
+    assert "q = np.array([[[[0.0]], [[0.0]]]]).astype(ml_dtypes.float8_e4m3fn)" in snippet
+    assert "v_descale = np.array([[2.0, 0.5]], dtype=np.float32)" in snippet
+    exec(compile(snippet, "<repro>", "exec"), {})  # noqa: S102 -- the suite's own snippet
+    printed = capsys.readouterr().out
+    assert "max abs error 4.0" in printed  # head 0: 8 against 4
 
 
 def test_without_descale_keywords_the_eight_bit_tests_do_not_apply():

@@ -204,6 +204,7 @@ def test_absent_device_counts_from_workers_are_not_added_twice(monkeypatch):
     ({"scale": "pos"}, "SUPPORTS['scale'] must be one of ['any', 'positive', 'nonnegative'], got 'pos'"),
     ({"variants": "window"}, "SUPPORTS['variants'] must be a list of variant keywords"),
     ({"variants": ["windows"]}, "SUPPORTS['variants'] names unknown variant keywords ['windows']"),
+    ({"mha_head_width": "E/H"}, "SUPPORTS['mha_head_width'] must be one of ['any', 'e_over_h'], got 'E/H'"),
 ])
 def test_a_bad_new_region_key_names_implementation_key_and_value(declared, words):
     impl = type("Impl", (), {"SUPPORTS": declared, "sdpa": staticmethod(lambda q, k, v: q)})
@@ -350,3 +351,51 @@ def test_narrow_regions_lose_no_generated_case_and_no_call(tmp_path):
     assert "derived case leaves the region: runs each batch and head alone: outside the implementation's " \
            "supports(): one query head (for every draw; nothing was called)" in skipped
     assert "standin_key_lengths_only.sdpa has no 'query_lengths' parameter" in skipped  # test_varlen needs both
+
+
+def test_mha_head_width_e_over_h_is_said_and_drawn_inside():
+    """torch.nn.MultiheadAttention's H*Dk == H*Dv == E: said in SUPPORTS, every generated MHA case lies inside (about
+    half were drawn outside and reported unsupported before) and the head-width property does not apply."""
+    from attention_conformance.conformance.strategies import mha_cases
+    from attention_conformance.conformance.test_mha import _heads_split_e
+
+    region = parse_region({"mha_head_width": "e_over_h"})
+    mha = {"op": "multi_head_attention", "Hq": 2, "Hkv": 2, "Dk": 3, "Dv": 3}
+    assert region.why_outside({**mha, "E": 6}) is None
+    assert "head widths H*Dk 6, H*Dv 6 with E 7 (declared mha_head_width: 'e_over_h')" in \
+        region.why_outside({**mha, "E": 7})
+    assert region.why_outside({**mha, "op": "sdpa", "E": 7}) is None  # sdpa has no model width
+
+    drawn = []
+
+    @settings(max_examples=40, database=None, deadline=None)
+    @given(case=mha_cases(cross=st.booleans()))
+    def draw(case):
+        drawn.append(shape_facts("multi_head_attention", case.inputs))
+
+    with drawing_inside(region, {}, (), None):
+        draw()
+    assert drawn and all(f["Hq"] * f["Dk"] == f["Hq"] * f["Dv"] == f["E"] for f in drawn), drawn
+    impl = from_object(type("Mha", (), {"SUPPORTS": {"mha_head_width": "e_over_h"},
+                                        "multi_head_attention": staticmethod(lambda *a, **k: None)}), "mha", "mha")
+    assert "declares mha_head_width 'e_over_h'" in _heads_split_e(impl)
+
+
+def test_keywords_the_signature_lacks_are_not_drawn():
+    """A signature without scale, mask or is_causal gets cases without them (each would only be unsupported: Flax's
+    dot_product_attention has no scale, and 1336 of its cases a run were drawn, called and dropped); a property that
+    always passes the keyword is outside its reach."""
+    drawn = []
+
+    @settings(max_examples=60, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=sdpa_cases())
+    def draw(case):
+        drawn.append(case.inputs)
+
+    with drawing_inside(parse_region(None), {}, (), {"q", "k", "v"}):
+        draw()
+    assert len(drawn) == 60
+    assert not any(i.get("scale") is not None or "mask" in i or i.get("is_causal") for i in drawn), drawn[:3]
+    with drawing_inside(parse_region(None), {}, (), {"q", "k", "v", "scale"}):
+        draw()
+    assert any(i.get("scale") is not None for i in drawn[60:])

@@ -232,7 +232,7 @@ def test_case_records_are_compact():
     assert passed.as_dict() == {"test": "t[x]", "implementation": "impl", "clause": "sdpa.definition", "case": "c",
                                 "dtype": "float32", "device": "cpu", "status": "passed",
                                 "max_abs_error": 2.59196e-11, "allowed": 1.5313e-08, "ratio": 0.00169265}
-    failed = _record("failed", "[sdpa.definition] bad\n  problem  x\n  repro (run with python in the directory pytest ran in):\n    code",
+    failed = _record("failed", f"[sdpa.definition] bad\n  problem  x\n  {REPRO_HEADING}\n    code",
                      max_abs_error=1.0, allowed=0.0, ratio=float("inf"), shapes={"q": (1, 2, 3, 4), "s": ()})
     data = failed.as_dict()
     assert "ratio" not in data and data["allowed"] == 0.0 and data["op"] == "sdpa"
@@ -247,7 +247,7 @@ def test_case_records_are_compact():
 
 
 def test_only_the_last_failure_of_a_group_keeps_its_repro():
-    message = "[c] x\n  repro (run with python in the directory pytest ran in):\n    snippet"
+    message = f"[c] x\n  {REPRO_HEADING}\n    snippet"
     records = [_record("failed", message, case="a"), _record("failed", message, case="b"),
                _record("failed", message, case="c", dtype="float64"), _record()]
     cases = json_report._case_dicts(records)
@@ -307,7 +307,7 @@ def test_a_replayed_example_is_one_case(kept_records, monkeypatch):
     coverage rule and the report's cases count each (test, case, clause, status) once; the last record is kept."""
     from attention_conformance.conformance import coverage
 
-    message = "[c] x\n  repro (run with python in the directory pytest ran in):\n    snippet"
+    message = f"[c] x\n  {REPRO_HEADING}\n    snippet"
     checks.RECORDS[:] = [_record(case="a"), _record(case="a"), _record(case="b", ratio=0.5),
                          _record("failed", "[c] first", case="f"), _record("failed", message, case="f"),
                          _record(case="a", test="t[y]"), _record("unsupported", "no", case="a"),

@@ -31,7 +31,6 @@ SOURCES = ("attention_conformance", "conformance", "implementations", "spec", "f
 CORRECT = (ROOT / "examples" / "my_attention.py").read_text()
 # The scores scaled by 1/Dk instead of 1/sqrt(Dk): sdpa.scale-default and most fixtures reject it.
 BROKEN = CORRECT.replace("q.shape[-1] ** -0.5", "q.shape[-1] ** -1.0")
-HEADING = "repro (run with python in the directory pytest ran in):"
 
 
 def _setuptools_major() -> int:
@@ -129,26 +128,22 @@ def test_a_broken_module_fails_with_a_repro_that_reproduces(venv, user_project):
     done = run([venv / "bin" / "attention-conformance", "--impl", "broken_attn", "-n", "0", "-x",
                 "-p", "no:cacheprovider"], cwd=user_project)
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
-    # The verdict is in the traceback, each line of it behind pytest's "E " marker.
-    lines = [line[2:] if line.startswith("E ") else line for line in done.stdout.splitlines()]
-    start = next(i for i, line in enumerate(lines) if line.strip() == HEADING)
-    indent = len(lines[start]) - len(lines[start].lstrip()) + 2
-    snippet = []
-    for line in lines[start + 1:]:
-        if line.strip() and len(line) - len(line.lstrip()) < indent:
-            break
-        snippet.append(line[indent:])
-    snippet = "\n".join(snippet).strip()
-    clause = re.search(r"\[([a-z0-9_.-]+)\] broken_attn", done.stdout).group(1)
+    # The failure block: "[clause] case", the problem, then the repro command (a bare ID: saved under the rootdir).
+    clause = re.search(r"^E   \[([a-z0-9_.-]+)\] ", done.stdout, re.MULTILINE).group(1)
+    repro_id = re.search(r"repro: attention-conformance repro ([0-9a-f]+)$", done.stdout, re.MULTILINE).group(1)
 
-    repro = run([venv / "bin" / "python", "-c", snippet], cwd=user_project)
+    repro = run([venv / "bin" / "attention-conformance", "repro", repro_id], cwd=user_project)
     output = repro.stdout + repro.stderr
     assert "No module named" not in output, output
-    if "run_fixture_repro" in snippet:  # a fixture's repro re-raises the verdict
-        assert repro.returncode != 0 and clause in output, output
-    else:  # a generated case's repro prints the error against the oracle
-        error = float(re.search(r"max abs error (\S+)", repro.stdout).group(1))
-        assert repro.returncode == 0 and error > 1e-3, output
+    assert repro.returncode == 1 and f"FAILED [{clause}]" in output, output
+    script = run([venv / "bin" / "attention-conformance", "repro", repro_id, "--print-python"], cwd=user_project)
+    assert script.returncode == 0 and "'broken_attn'" in script.stdout, script.stderr
+    shown = run([venv / "bin" / "python", "-c", script.stdout], cwd=user_project)
+    if "run_fixture_repro" in script.stdout:  # a fixture's script re-raises the verdict
+        assert shown.returncode != 0 and clause in shown.stdout + shown.stderr, shown.stdout + shown.stderr
+    else:  # a generated case's script prints the error against the oracle
+        error = float(re.search(r"max abs error (\S+)", shown.stdout).group(1))
+        assert shown.returncode == 0 and error > 1e-3, shown.stdout + shown.stderr
 
 
 def test_xdist_off_and_a_project_of_its_own_are_left_alone(venv, user_project, tmp_path):
