@@ -466,16 +466,19 @@ def _sdpa8_terms(q, k, v, mask, is_causal, scale, dtype: str, output_dtype: str,
     # of one cell g of the format (they may round alike), |r_ij| <= 2 u8 p_ij the rest; a random walk across cells
     # and across the rests, against v_j (or v_j - o, a normaliser from the rounded P: + |o|). The linear bound
     # sum_j |e_ij| (|v_jd| + |o_id|) always holds.
-    signed, mass = _rounding_groups(p, v, 1.0 + 2.0 * u8)
-    p2 = p * p
+    # The keys at the row's largest score round exactly: P there is 2^offset (e^0 at the running maximum when their
+    # block is reached), which the 8-bit formats hold; only the other keys' weights are rounded.
+    top = np.max(p, axis=-1, keepdims=True)
+    rounded = np.where(p < top, p, 0.0)
+    signed, mass = _rounding_groups(rounded, v, 1.0 + 2.0 * u8)
+    p2 = rounded * rounded
     walk = signed + o_abs * mass + 2.0 * (np.sqrt(p2 @ v2) + o_abs * np.sqrt(np.sum(p2, axis=-1, keepdims=True)))
-    linear = p @ v_abs + o_abs * np.sum(p, axis=-1, keepdims=True)
+    linear = rounded @ v_abs + o_abs * np.sum(rounded, axis=-1, keepdims=True)
     rounding = c["c_p"] * u8 * np.minimum(walk, linear)
     # Weights below the format's normal range after FlashAttention 3's offset (P = 2^offset e^(s - m), m the running
     # maximum <= the row's) round to a multiple of the subnormal spacing: at most min(p, eta / l) each, eta half
     # the spacing over 2^offset and l = 1 / max_j p_j the normaliser; rounding to 0 is biased, so linear.
     scaled = float(2.0 ** int(c["offset_bits"]))
-    top = np.max(p, axis=-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         relative = np.where(top > 0, p / np.where(top > 0, top, 1.0), 0.0)  # e^(s_j - max_l s_l)
     tiny = (p > 0) & (relative * scaled < float(c["smallest_normal"][dtype]))

@@ -90,11 +90,17 @@ def online_softmax_pv(s, v, scale_log2, round_step, fmt, block_n: int = BLOCK_N)
     return acc, row_sum
 
 
+def capped(s, scale, softcap, qd, kd):
+    """FlashAttention 3's softcap of 8-bit scores: tanh(S * softcap_val), softcap_val = scale / softcap * q_descale
+    * k_descale (mainloop_fwd_sm90_tma_gmma_ws.hpp: the descales scale the capped argument)."""
+    return np.tanh(s * (F32(scale / F32(softcap)) * qd * kd)).astype(F32)
+
+
 def attend(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap=None, query_offset=0,
            key_lengths=None, q_descale=None, k_descale=None, v_descale=None, block_n: int = BLOCK_N, **steps):
-    """The FP8 forward; ``steps`` replaces one of "factors" (descale_factors), "round_p", "finalize" (a broken
-    member's one change)."""
-    step = {"factors": descale_factors, "round_p": round_p,
+    """The FP8 forward; ``steps`` replaces one of "factors" (descale_factors), "capped", "round_p", "finalize" (a
+    broken member's one change)."""
+    step = {"factors": descale_factors, "capped": capped, "round_p": round_p,
             "finalize": lambda acc, row_sum, vd: np.divide(acc * vd, row_sum, out=np.zeros_like(acc),
                                                            where=row_sum > 0), **steps}
     fmt = np.asarray(q).dtype
@@ -103,8 +109,8 @@ def attend(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap
     kx, vx = ref.expand_kv(np.asarray(k).astype(F32), np.asarray(v).astype(F32), hq)
     s = np.asarray(q).astype(F32) @ np.swapaxes(kx, -1, -2)  # exact products, float32 sums
     scale = F32(ref.default_scale(q.shape[-1]) if scale is None else scale)
-    if softcap is not None:  # FlashAttention 3: softcap_val = scale / softcap * q_descale * k_descale
-        s = np.tanh(s * (F32(scale / F32(softcap)) * qd * kd)).astype(F32)
+    if softcap is not None:
+        s = step["capped"](s, scale, softcap, qd, kd)
         scale_log2 = np.broadcast_to(F32(softcap) * LOG2E, qd.shape).astype(F32)
     else:
         scale_log2 = ((scale * LOG2E) * qd * kd).astype(F32)
