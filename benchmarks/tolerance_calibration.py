@@ -52,9 +52,9 @@ PRECISION_ZOO = ("zoo.kernel_correct", "zoo.correct_flash_blockwise", "zoo.corre
                  "zoo.precision_bf16_pv_accumulate", "zoo.precision_bf16_zeros_large_head",
                  "zoo.precision_bf16_exp2_no_log2e")
 # FP8 attention (issue 25; spec/tolerances.yaml, eight_bit): the correct 8-bit members beside the built-in
-# torch_sdpa_fp8_dequant: FlashAttention 3's pipeline emulated, the same with P in float32, and a path that
+# torch_scaled_mm_fp8: FlashAttention 3's pipeline emulated, the same with P in float32, and a path that
 # dequantizes to bfloat16 and computes there.
-FP8_ZOO = ("builtin:torch_sdpa_fp8_dequant", "zoo.correct_fp8_fa3_emulation", "zoo.correct_fp8_unrounded_p",
+FP8_ZOO = ("builtin:torch_scaled_mm_fp8", "zoo.correct_fp8_fa3_emulation", "zoo.correct_fp8_unrounded_p",
            "zoo.correct_fp8_dequant_bf16")
 
 
