@@ -46,6 +46,7 @@ MARKERS = (
     "applies_to(reason_fn): reason_fn(impl) says why a test does not apply to an implementation (None: it does)",
     "absent_device(device, impl): cases for a device this machine lacks (deselected, counted in the summary)",
     "large_shapes: opt-in sdpa cases at realistic sizes, run with --large-shapes",
+    "eight_bit: a test of 8-bit inputs (FP8), parametrised over the 8-bit dtypes an implementation declares only",
 )
 DEFAULT_TIMEOUT = 120  # seconds per test (pytest-timeout), as pyproject.toml's `timeout`
 # Errors and declared deviations (xfail/xpass) by name. Not pytest's list of failed tests ("f"): each failure's block
@@ -57,7 +58,7 @@ DEFAULT_REPORT_CHARS = "ExX"
 def pytest_addoption(parser):
     # Every pytest run in an environment with the suite installed registers these options: the choices come
     # from the array adapters alone, not the whole plugin (spec loading, schemas), about 0.2 s less per run.
-    from attention_conformance.implementations._arrays import DTYPE_NAMES, device_names
+    from attention_conformance.implementations._arrays import DECLARABLE_DTYPE_NAMES, device_names
 
     group = parser.getgroup("attention-conformance")
     group.addoption(
@@ -71,7 +72,7 @@ def pytest_addoption(parser):
              "one summary line per device).",
     )
     group.addoption(
-        "--dtype", action="append", default=[], choices=DTYPE_NAMES,
+        "--dtype", action="append", default=[], choices=DECLARABLE_DTYPE_NAMES,
         help="restrict to these dtypes (repeatable; default: every dtype each implementation declares).",
     )
     group.addoption("--conformance-report", metavar="PATH", default=None,

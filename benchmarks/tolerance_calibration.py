@@ -23,6 +23,8 @@ out and counted (the suite reports them as deviations, it does not judge them).
     python benchmarks/tolerance_calibration.py --ops sinks,sinks-kernel,chunk-leftpad   # issue 25's variants
     python benchmarks/tolerance_calibration.py --ops varlen,paged   # packed batches and paged KV caches
     python benchmarks/tolerance_calibration.py --ops mha-variants   # multi_head_attention's variant keywords
+    python benchmarks/tolerance_calibration.py --fp8-zoo --ops fp8,fp8-kernel,fp8-decode,fp8-variants   # FP8 (issue 25)
+    python benchmarks/tolerance_calibration.py --fp8-adversarial   # FP8 rows built to correlate P's roundings
 """
 from __future__ import annotations
 
@@ -37,11 +39,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from attention_conformance.conformance import checks, strategies  # noqa: E402
 from attention_conformance.conformance.expected import canonical_output  # noqa: E402
 from attention_conformance.conformance.strategies import drawing_inside  # noqa: E402
 from attention_conformance.implementations import builtin_implementations, load_implementation  # noqa: E402
+from attention_conformance.implementations._arrays import is_eight_bit, numpy_dtype  # noqa: E402
 from attention_conformance.implementations._region import parse_region  # noqa: E402
 
 # The region a flash-like kernel declares (zoo/kernel_correct.py): kernel-shaped cases only.
@@ -50,6 +54,11 @@ PRECISION_ZOO = ("zoo.kernel_correct", "zoo.correct_flash_blockwise", "zoo.corre
                  "zoo.correct_logsumexp", "zoo.correct_reference", "zoo.precision_fp16_as_bf16",
                  "zoo.precision_bf16_pv_accumulate", "zoo.precision_bf16_zeros_large_head",
                  "zoo.precision_bf16_exp2_no_log2e")
+# FP8 attention (issue 25; spec/tolerances.yaml, eight_bit): the correct 8-bit members beside the built-in
+# torch_scaled_mm_fp8: FlashAttention 3's pipeline emulated, the same with P in float32, and a path that
+# dequantizes to bfloat16 and computes there.
+FP8_ZOO = ("builtin:torch_scaled_mm_fp8", "zoo.correct_fp8_fa3_emulation", "zoo.correct_fp8_unrounded_p",
+           "zoo.correct_fp8_dequant_bf16")
 
 
 def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None = None) -> dict:
@@ -78,8 +87,8 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
         got = canonical_output(case.op, got)  # sdpa_varlen's rows as the judge holds them
         policy = impl.policy_for(inputs.get("mask")) if case.op != "softmax" else "zeros"
         want = checks.expected_output(case, inputs, policy, impl.sequence_alignment)
-        allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy,
-                                                       alignment=impl.sequence_alignment), want.shape)
+        allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy, alignment=impl.sequence_alignment,
+                                                       output_dtype=impl.output_dtype(dtype)), want.shape)
         finite = np.isfinite(want) & (allowed > 0)
         if case.op == "sdpa":  # padding rows of a variable-length batch (sdpa.varlen) are not judged
             finite &= np.broadcast_to(checks.Judge(impl, dtype, "cpu").judged_rows(case, inputs)[..., None], want.shape)
@@ -101,12 +110,67 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
                 found["zero_rows64"] += int(zero.sum())
 
     declared = impl.region if impl.region.declared else None
-    if declared is not None or region is not None:
-        with drawing_inside(declared if declared is not None else parse_region(region)):
-            run()
-    else:
+    # The dtype is a fact of the drawing: an 8-bit case draws values of the 8-bit dtype measured (fp8_cases).
+    with drawing_inside(declared if declared is not None else parse_region(region), {"dtype": dtype, "device": "cpu"}):
         run()
     return found
+
+
+# Rows built to make the roundings of P correlate, where a random walk over independent roundings would fail
+# (spec/tolerances.yaml, eight_bit, term 2): nearly equal weights, duplicate keys, a plateau beside one dominant key,
+# geometric weights (scores in arithmetic progression, ALiBi-like), two levels of weights, values all positive.
+FP8_ADVERSARIAL = ("random", "near-uniform", "positive-v-flat", "duplicates", "plateau", "progression", "two-levels",
+                   "large")
+
+
+def fp8_adversarial_case(kind: str, dtype: str, lk: int, rng):
+    """(stored q, k, v, q_descale, k_descale, v_descale) of one such row family: B 1, Hq 2, Hkv 1, D 64."""
+    b, hq, hkv, lq, d = 1, 2, 1, 2 if lk > 1000 else 4, 64
+    q = rng.standard_normal((b, hq, lq, d))
+    k, v = rng.standard_normal((b, hkv, lk, d)), rng.standard_normal((b, hkv, lk, d))
+    if kind == "near-uniform":
+        q *= 1e-3
+    elif kind == "positive-v-flat":
+        q, v = q * 1e-2, np.abs(v) + 1
+    elif kind == "duplicates":
+        k[:, :, 1:], v = k[:, :, :1], np.abs(v)
+    elif kind == "plateau":
+        q, v = q * 0.05, np.abs(v) + 0.5
+        k[:, :, 0] *= 30
+    elif kind == "progression":
+        q, k, v = np.zeros_like(q), np.zeros_like(k), np.abs(v)
+        q[..., 0] = 1.0
+        k[..., 0] = np.arange(lk) * rng.uniform(0.001, 0.05)
+    elif kind == "two-levels":
+        k[:, :, ::2], k[:, :, 1::2], v = k[:, :, :1], k[:, :, 1:2], np.abs(v) + 1
+    elif kind == "large":
+        q, k = q * 4, k * 4
+    stored = [strategies.quantized(x, hkv, "calibrated", dtype, rng) for x in (q, k, v)]
+    return tuple(x for x, _ in stored) + tuple(factors for _, factors in stored)
+
+
+def fp8_adversarial(specs) -> None:
+    """Max error / allowed per implementation and 8-bit dtype over the FP8_ADVERSARIAL rows, Lk 5, 300 and 2048."""
+    from attention_conformance.conformance import oracle, tolerances
+
+    rng = np.random.default_rng(0)
+    for spec in specs:
+        impl = load_implementation(spec)
+        for dtype in (d for d in impl.dtypes if is_eight_bit(d)):
+            worst = {}
+            for kind in FP8_ADVERSARIAL:
+                for lk in (5, 300, 2048):
+                    q, k, v, qd, kd, vd = fp8_adversarial_case(kind, dtype, lk, rng)
+                    arrays = {n: x.astype(numpy_dtype(dtype)) for n, x in zip("qkv", (q, k, v))}
+                    arrays.update(q_descale=qd.astype(np.float32), k_descale=kd.astype(np.float32),
+                                  v_descale=vd.astype(np.float32))
+                    got = impl.call("sdpa", arrays, {}, "cpu").astype(np.float64)
+                    dq, dk, dv = oracle.dequantize(q, k, v, qd, kd, vd)
+                    allowed = tolerances.sdpa_allowed(dq, dk, dv, None, False, None, dtype,
+                                                      output_dtype=impl.output_dtype(dtype))
+                    ratio = float(np.max(np.abs(got - oracle.sdpa(dq, dk, dv)) / allowed))
+                    worst[kind] = max(worst.get(kind, 0.0), ratio)
+            print(f"{impl.name:<34}{dtype:<15}" + " ".join(f"{kind} {r:.3f}" for kind, r in worst.items()), flush=True)
 
 
 def summary(found: dict) -> str:
@@ -126,16 +190,23 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=60)
     parser.add_argument("--impl", action="append", help="module[:attr] to measure instead of the built-ins")
     parser.add_argument("--precision-zoo", action="store_true", help="measure the zoo's 16-bit members")
+    parser.add_argument("--fp8-zoo", action="store_true", help="measure the 8-bit built-in and the zoo's 8-bit members")
+    parser.add_argument("--fp8-adversarial", action="store_true",
+                        help="the 8-bit built-in and zoo members on rows built to correlate P's roundings")
     parser.add_argument("--dtype", action="append", help="only these dtypes")
     parser.add_argument("--ops", default="sdpa,sdpa-kernel,softmax,multi_head_attention")
     parser.add_argument("--seed", type=int, default=None, help="draw at random from this seed (default derandomized)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
+    if args.fp8_adversarial:
+        fp8_adversarial(args.impl or FP8_ZOO)
+        return
     if args.seed is not None:
         import random
 
         random.seed(args.seed)
-    specs = list(args.impl or []) + (list(PRECISION_ZOO) if args.precision_zoo else [])
+    specs = list(args.impl or []) + (list(PRECISION_ZOO) if args.precision_zoo else []) \
+        + (list(FP8_ZOO) if args.fp8_zoo else [])
     impls = [load_implementation(s) for s in specs] if specs else builtin_implementations()
     ops = {
         "sdpa": ("sdpa", strategies.sdpa_cases(allow_empty_rows=True), None),
@@ -159,6 +230,13 @@ def main() -> None:
         # Packed batches and paged caches (spec/tolerances.yaml, sequences): every per-sequence variant drawn.
         "varlen": ("sdpa_varlen", strategies.varlen_cases(variants=strategies.SEQUENCE_VARIANT_NAMES), None),
         "paged": ("sdpa_paged", strategies.paged_cases(variants=strategies.SEQUENCE_VARIANT_NAMES), None),
+        # FP8 (spec/tolerances.yaml, eight_bit): the cases of conformance/test_fp8.py, small and kernel-shaped,
+        # decode against a long cache, and with a window and a softcap.
+        "fp8": ("sdpa", strategies.fp8_cases(), None),
+        "fp8-kernel": ("sdpa", strategies.fp8_cases(), KERNEL_REGION),
+        "fp8-decode": ("sdpa", strategies.fp8_cases(mask_kinds=("none", "key-padding"), causal=st.just(False),
+                                                    query_mode="decode"), None),
+        "fp8-variants": ("sdpa", strategies.fp8_cases(variants=("window", "softcap"), mask_kinds=("none",)), None),
         "softmax": ("softmax", strategies.softmax_cases(), None),
         "multi_head_attention": ("multi_head_attention", strategies.mha_cases(), None),
         # mha.variants: every variant keyword inside multi-head attention (a random subset a case), per head
@@ -173,6 +251,8 @@ def main() -> None:
             continue
         for dtype in impl.dtypes_on("cpu"):
             if args.dtype and dtype not in args.dtype:
+                continue
+            if any(op.startswith("fp8") for op in ops) != is_eight_bit(dtype):  # as collection decides
                 continue
             row = []
             for op, strategy, region in ops.values():

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from attention_conformance.implementations._arrays import numpy_dtype
+from attention_conformance.implementations._arrays import is_eight_bit, numpy_dtype
 
 _OUTPUTS: dict[tuple[str, str], dict[str, np.ndarray]] = defaultdict(dict)  # (dtype, case) -> {impl@device: out}
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -36,6 +36,8 @@ def _ordinal(values: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray, dtype: str) -> int:
+    if is_eight_bit(dtype):  # an 8-bit case's output is 16-bit (FP8_OUTPUT_DTYPE): counted in bfloat16's steps
+        dtype = "bfloat16"
     finite = np.isfinite(a) & np.isfinite(b)
     if not finite.any():
         return 0

@@ -47,6 +47,16 @@ MHA_VARIANT_PROBES = ("sink_token_length", "attention_chunk", "key_leftpad", "al
                       "query_offset", "softcap", "learnable_sink")
 
 
+# FP8 attention (issue 25): an 8-bit case drawn for the descale clause is probed with one factor per tensor.
+FP8_DESCALE_CLAUSE = "sdpa.fp8-descale"
+
+
+def _descales_repeated(inputs: dict, group: int) -> dict:
+    """An 8-bit case's descale factors (B, Hkv) for its kv heads repeated G times: each kv head's factor repeated,
+    so that query head h still meets the factors of kv head h // G (q_descale too: (B, Hq) is then (B, Hkv))."""
+    return {name: np.repeat(factors, group, axis=1) for name, factors in oracle.descale_options(inputs).items()}
+
+
 def _size(inputs: dict) -> int:
     return sum(int(np.size(array)) for _, array in _flat(inputs) if isinstance(array, np.ndarray))
 
@@ -86,7 +96,8 @@ class Attribution:
             if q.shape[1] != k.shape[1] and own != "sdpa.gqa-mapping":
                 group = q.shape[1] // k.shape[1]
                 yield ("sdpa.gqa-mapping", "with the kv heads repeated to Hq beforehand",
-                       derived("kv heads repeated", k=np.repeat(k, group, axis=1), v=np.repeat(v, group, axis=1)))
+                       derived("kv heads repeated", k=np.repeat(k, group, axis=1), v=np.repeat(v, group, axis=1),
+                               **_descales_repeated(inputs, group)))
             target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
             if mask is not None and mask.shape != target and own != "mask.broadcast":
                 yield ("mask.broadcast", "with the mask broadcast to (B, Hq, Lq, Lk) beforehand",
@@ -132,7 +143,7 @@ class Attribution:
             policy = self.policy(case, inputs) if alignment is None else (self.impl.uniform_policy or "zeros")
             alignment = alignment or self.alignment
             want = expected_output(case, inputs, policy, alignment)
-            if not _is_array(got) or got.shape != want.shape or dtype_name(got.dtype) != self.dtype:
+            if not _is_array(got) or got.shape != want.shape or dtype_name(got.dtype) != impl.output_dtype(self.dtype):
                 return False
             allowed = np.broadcast_to(allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32,
                                                     alignment=alignment), want.shape)
@@ -223,10 +234,16 @@ class Attribution:
                 changes = {"scale": float(q.shape[-1]) ** -0.5}
             elif own == "sdpa.gqa-mapping" and q.shape[1] != k.shape[1]:
                 group = q.shape[1] // k.shape[1]
-                changes = {"k": np.repeat(k, group, axis=1), "v": np.repeat(v, group, axis=1)}
+                changes = {"k": np.repeat(k, group, axis=1), "v": np.repeat(v, group, axis=1),
+                           **_descales_repeated(inputs, group)}
             elif own == "sdpa.value-dim" and v.shape[-1] != q.shape[-1]:
                 dk = q.shape[-1]
                 changes = {"v": np.concatenate([v] * -(-dk // v.shape[-1]), axis=-1)[..., :dk]}
+        if changes is None and own == FP8_DESCALE_CLAUSE and oracle.descale_options(inputs):
+            # One factor per tensor (its first), not 1: stored values near the format's top with a factor of 1 make
+            # scores a float32 kernel cannot exponentiate (e5m2's 57344^2), a fault of no clause here.
+            changes = {name: np.full_like(factors, factors.flat[0])
+                       for name, factors in oracle.descale_options(inputs).items()}
         if changes is None and own in VARIANT_CLAUSE_KEYWORDS:
             names = [n for n in VARIANT_CLAUSE_KEYWORDS[own] if n in inputs]
             if names:

@@ -15,11 +15,14 @@ ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params", "
                 "key_lengths", "learnable_sink", "key_leftpad",
                 # sdpa_varlen and sdpa_paged (README "The contract"): offsets, used lengths, the caches and their table.
                 "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "k_cache", "v_cache", "block_table")
+# FP8 attention (issue 25): the descale factors of 8-bit q, k, v, float32 (B, Hkv) whatever the 8-bit dtype.
+DESCALES = ("q_descale", "k_descale", "v_descale")
+ARRAY_INPUTS += DESCALES
 # The contract's form of these (README, "The contract"): ALiBi slopes and learnable sink logits are float32
 # (float64 in float64 cases), whatever the dtype of q; lengths and left paddings are int32. None is rounded to
 # a 16-bit dtype.
 SLOPES = "alibi_slopes"
-FLOAT32_PARAMETERS = (SLOPES, "learnable_sink")
+FLOAT32_PARAMETERS = (SLOPES, "learnable_sink", *DESCALES)
 LENGTHS = ("query_lengths", "key_lengths", "key_leftpad", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table")
 
 

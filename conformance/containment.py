@@ -374,7 +374,14 @@ class Containment:
             self.fail(clause, case, inputs, f"output shape {got.shape}, expected {want_shape}{in_layout}",
                       attribute=False)
         got = canonical_output(case.op, self.impl.from_layout(case.op, got))
-        if dtype_name(got.dtype) != self.dtype:
+        expected_dtype = self.impl.output_dtype(self.dtype)
+        if dtype_name(got.dtype) != expected_dtype and expected_dtype != self.dtype:  # an 8-bit case
+            self.fail(
+                "sdpa.fp8-output-dtype", case, inputs,
+                f"output dtype {dtype_name(got.dtype)}, expected {expected_dtype} (FP8_OUTPUT_DTYPE of {self.dtype} "
+                f"inputs: {self.impl.name} declares {expected_dtype!r}, the default is bfloat16)",
+            )
+        if dtype_name(got.dtype) != expected_dtype:
             self.fail(
                 "sdpa.output-dtype", case, inputs,
                 f"output dtype {dtype_name(got.dtype)}, expected {self.dtype} (the input dtype)",

@@ -83,6 +83,7 @@ def expected_output(case: Case, inputs: dict, policy="zeros", alignment: str = "
     if case.op == "softmax":
         return oracle.softmax(a["x"], axis=a.get("axis", -1))
     if case.op == "sdpa":
+        a = oracle.dequantized(a)  # 8-bit q, k, v times their descale factors (sdpa.fp8-descale)
         return oracle.sdpa(
             a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"),
             fully_masked_rows_policy=policy, **oracle.variant_options(a),
@@ -94,13 +95,13 @@ def expected_output(case: Case, inputs: dict, policy="zeros", alignment: str = "
 
 
 def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bool = False,
-                  alignment: str = "bottom-right") -> np.ndarray:
+                  alignment: str = "bottom-right", output_dtype: str | None = None) -> np.ndarray:
     """The tolerance model's allowed error; ``tf32``: float32 matmuls declared to run in TF32 (FLOAT32_MATMUL);
-    ``policy`` and ``alignment`` as for expected_output. A packed or paged case's rows are the rows of its
-    sequences' sdpa cases: each row's allowance is the sdpa model's for its own sequence (spec/tolerances.yaml,
-    sequences)."""
+    ``policy`` and ``alignment`` as for expected_output; ``output_dtype``: the result's dtype where it is not
+    ``dtype`` (an 8-bit case's FP8_OUTPUT_DTYPE). A packed or paged case's rows are the rows of its sequences' sdpa
+    cases: each row's allowance is the sdpa model's for its own sequence (spec/tolerances.yaml, sequences)."""
     if not isinstance(policy, str) and case.op != "multi_head_attention":  # MHA's bound covers every policy
-        return _by_row(policy, {name: allowed_error(case, inputs, dtype, str(name), tf32, alignment)
+        return _by_row(policy, {name: allowed_error(case, inputs, dtype, str(name), tf32, alignment, output_dtype)
                                 for name in np.unique(policy)})
     a = widen(inputs)
     if case.op in SEQUENCE_OPS:
@@ -117,9 +118,10 @@ def allowed_error(case: Case, inputs: dict, dtype: str, policy="zeros", tf32: bo
     if case.op == "softmax":
         return tolerances.softmax_allowed(a["x"], a.get("axis", -1), dtype)
     if case.op == "sdpa":
+        a = oracle.dequantized(a)  # the 8-bit model (spec/tolerances.yaml, eight_bit) sees the dequantized values
         return tolerances.sdpa_allowed(
             a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"), dtype, policy, tf32=tf32,
-            **oracle.variant_options(a),
+            output_dtype=output_dtype, **oracle.variant_options(a),
         )
     return tolerances.mha_allowed(
         a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"), a.get("is_causal", False), dtype,

@@ -85,7 +85,8 @@ def declared_deviation(reason: str):
 # fully masked rows). An error beyond the tolerance elsewhere is not theirs, even when a case lists
 # one first: a fixture printed for its shape that is off in its values breaks the definition.
 OWN_CHECK_CLAUSES = frozenset({"sdpa.output-shape", "sdpa.output-dtype", "sdpa.finite",
-                               "softmax.masked-exact-zero", "mask.fully-masked-row"})
+                               "softmax.masked-exact-zero", "mask.fully-masked-row",
+                               "sdpa.fp8-output-dtype"})
 DEFINITION_CLAUSES = {"softmax": "softmax.definition", "sdpa": "sdpa.definition",
                       "multi_head_attention": "mha.projections", "sdpa_varlen": "varlen.definition",
                       "sdpa_paged": "paged.definition"}
@@ -167,7 +168,8 @@ class Judge(Containment, Attribution):
 
     def allowed(self, case: Case, inputs: dict, policy: str = "zeros") -> np.ndarray:
         """The allowed error of this case for this implementation, dtype and device (TF32 if declared)."""
-        return allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32, alignment=self.alignment)
+        return allowed_error(case, inputs, self.dtype, policy, tf32=self.tf32, alignment=self.alignment,
+                             output_dtype=self.impl.output_dtype(self.dtype))
 
     # --------------------------------------------- what the oracle says
     def policy(self, case: Case, inputs: dict):

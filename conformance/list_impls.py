@@ -10,8 +10,9 @@ with the clauses they cover.
 from __future__ import annotations
 
 from attention_conformance.implementations import Implementation
-from attention_conformance.implementations._arrays import ARRAY_KINDS
-from attention_conformance.implementations._registry import OPERATIONS, OPTIONAL_KEYWORDS, VARIANT_DEFAULTS
+from attention_conformance.implementations._arrays import ARRAY_KINDS, is_eight_bit
+from attention_conformance.implementations._registry import (DESCALE_DEFAULTS, OPERATIONS, OPTIONAL_KEYWORDS,
+                                                             VARIANT_DEFAULTS)
 
 EXTRA_KEYWORDS = {"sdpa": ("dropout_p",)}  # keywords a test looks for in the signature (test_dropout.py)
 
@@ -57,7 +58,8 @@ def keyword_lines(impl: Implementation, op: str) -> list[str]:
     """The keywords ``op``'s signature accepts, the variant keywords apart, and the region's variants (sdpa's, and
     those sdpa_varlen and sdpa_paged take per sequence)."""
     accepted = impl.accepted_keywords(op)
-    known = [k for k in (*OPTIONAL_KEYWORDS[op], *EXTRA_KEYWORDS.get(op, ())) if k not in VARIANT_DEFAULTS]
+    known = [k for k in (*OPTIONAL_KEYWORDS[op], *EXTRA_KEYWORDS.get(op, ()))
+             if k not in VARIANT_DEFAULTS and k not in DESCALE_DEFAULTS]
     of_op = [k for k in OPTIONAL_KEYWORDS[op] if k in VARIANT_DEFAULTS]  # the variant keywords this op takes
     if accepted is None:
         line = f"{op} keywords: any (**kwargs)"
@@ -74,6 +76,13 @@ def keyword_lines(impl: Implementation, op: str) -> list[str]:
             if len(variants) < len(of_op):
                 line += f" (not: {', '.join(k for k in of_op if k not in accepted)})"
     lines = [line]
+    eight_bit = [d for d in impl.dtypes if is_eight_bit(d)]
+    if op == "sdpa" and eight_bit:  # FP8 attention (issue 25): what its 8-bit cases need
+        missing = [k for k in DESCALE_DEFAULTS if accepted is not None and k not in accepted]
+        descales = f"missing: {', '.join(missing)} (every 8-bit case unsupported)" if missing \
+            else ", ".join(DESCALE_DEFAULTS)
+        lines.append(f"8-bit cases ({', '.join(eight_bit)}): descales {descales}; "
+                     f"output dtype {impl.fp8_output_dtype} (FP8_OUTPUT_DTYPE)")
     if of_op and impl.region.variants is not None:
         drawn = [k for k in impl.region.variants if k in of_op and (accepted is None or k in accepted)]
         lines.append(f"{op} variants declared in SUPPORTS (the only ones drawn): {', '.join(drawn) or 'none'}")

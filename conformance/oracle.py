@@ -199,7 +199,8 @@ def fully_masked_rows(q, k, mask=None, is_causal=False, *, window=None, query_of
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_policy: str = "zeros", *, window=None,
          softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None,
-         sink_token_length=0, attention_chunk=None, key_leftpad=None) -> np.ndarray:
+         sink_token_length=0, attention_chunk=None, key_leftpad=None, q_descale=None, k_descale=None,
+         v_descale=None) -> np.ndarray:
     """Scaled dot-product attention, (B, Hq, Lq, Dv) float64.
 
     ``fully_masked_rows_policy`` gives the result for rows with no attendable key:
@@ -208,7 +209,10 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_poli
     The keyword-only options are the variants of the contract (README, "The contract";
     spec/clauses.yaml sdpa.window ... sdpa.variant-order, sdpa.learnable-sink ... sdpa.key-leftpad). Rows
     i >= query_lengths[b] are padding: computed like any other row here, and never judged (judged_rows).
+    8-bit q, k, v with descale factors (q_descale, k_descale, v_descale) are dequantized first (dequantize).
     """
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        q, k, v = dequantize(q, k, v, q_descale, k_descale, v_descale)
     keys = dict(window=window, query_offset=query_offset, key_lengths=key_lengths,
                 sink_token_length=sink_token_length, attention_chunk=attention_chunk, key_leftpad=key_leftpad)
     v = repeat_kv_heads(_f64(v), np.shape(q)[1])
@@ -419,3 +423,49 @@ def mha_fully_masked_rows(inputs: dict) -> np.ndarray:
     shaped = np.zeros((b, heads, lq, 1)), np.zeros((b, heads, np.shape(inputs["key"])[1], 1))
     return fully_masked_rows(*shaped, inputs.get("mask"), bool(inputs.get("is_causal", False)),
                              **variant_options(inputs))
+
+
+# ------------------------------------------------------------------ FP8 attention (issue 25)
+# 8-bit q, k, v carry per-head descale factors (spec/clauses.yaml sdpa.fp8-descale): the oracle computes on the
+# dequantized values, exactly (a float8 value times a float32 factor is exact in float64), and everything else
+# (the scale, softcap, masks, the other variants) applies to those as to any inputs.
+DESCALES = ("q_descale", "k_descale", "v_descale")
+
+
+def _per_kv_head(descale, batch: int, kv_heads: int, name: str) -> np.ndarray:
+    """A descale factor array as (B, Hkv, 1, 1) float64; its shape must be FlashAttention 3's (B, Hkv)."""
+    factors = _f64(descale)
+    if factors.shape != (batch, kv_heads):
+        raise ValueError(f"{name} has shape {np.shape(descale)}; (B, Hkv) = ({batch}, {kv_heads}) expected")
+    return factors[:, :, None, None]
+
+
+def dequantize(q, k, v, q_descale=None, k_descale=None, v_descale=None):
+    """(q, k, v) in float64, each times its descale factor (None: 1), sdpa.fp8-descale: k[b, h] and v[b, h] by
+    k_descale[b, h] and v_descale[b, h]; q[b, h] by q_descale[b, h // G] with G = Hq / Hkv, the kv head of the query
+    head's group (FlashAttention 3's q_descale is "(b, h_k), not (b, h)")."""
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    batch, kv_heads = k.shape[0], k.shape[1]
+    if q_descale is not None:
+        q = q * repeat_kv_heads(_per_kv_head(q_descale, batch, kv_heads, "q_descale"), q.shape[1])
+    if k_descale is not None:
+        k = k * _per_kv_head(k_descale, batch, kv_heads, "k_descale")
+    if v_descale is not None:
+        v = v * _per_kv_head(v_descale, batch, kv_heads, "v_descale")
+    return q, k, v
+
+
+def descale_options(inputs: dict) -> dict:
+    """The descale factors a case's inputs pass, by name."""
+    return {name: inputs[name] for name in DESCALES if inputs.get(name) is not None}
+
+
+def dequantized(inputs: dict) -> dict:
+    """A case's sdpa inputs with q, k, v dequantized (float64) and the descale factors taken out; the same inputs
+    when it passes none."""
+    descales = descale_options(inputs)
+    if not descales:
+        return inputs
+    plain = {name: value for name, value in inputs.items() if name not in DESCALES}
+    plain["q"], plain["k"], plain["v"] = dequantize(inputs["q"], inputs["k"], inputs["v"], **descales)
+    return plain

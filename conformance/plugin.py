@@ -16,7 +16,8 @@ import pytest
 
 from attention_conformance.implementations import DTYPE_NAMES, Implementation, ImplementationLoadError
 from attention_conformance.implementations import builtin_implementations, load_implementation
-from attention_conformance.implementations._arrays import ARRAY_KINDS, device_names
+from attention_conformance.implementations._arrays import (ARRAY_KINDS, DECLARABLE_DTYPE_NAMES, EIGHT_BIT_DTYPE_NAMES,
+                                                           device_names)
 
 from . import repro, session
 from .session import IMPLS_KEY, USER_NAMED_KEY, implementations
@@ -250,9 +251,12 @@ def _candidate_devices(config, impl: Implementation) -> list[str]:
     return devices
 
 
-def _selected_dtypes(config, impl: Implementation, device: str) -> list[str]:
-    wanted = config.getoption("dtype") or DTYPE_NAMES
-    return [d for d in DTYPE_NAMES if d in impl.dtypes_on(device) and d in wanted]
+def _selected_dtypes(config, impl: Implementation, device: str, names=DTYPE_NAMES) -> list[str]:
+    """The dtypes among ``names`` that ``impl`` declares on ``device`` and --dtype selects. The 16/32/64-bit tests
+    ask for DTYPE_NAMES, the 8-bit ones (the eight_bit mark) for EIGHT_BIT_DTYPE_NAMES: an implementation that
+    declares no 8-bit dtype gets no 8-bit item at all, and 8-bit dtypes never reach the other tests."""
+    wanted = config.getoption("dtype") or DECLARABLE_DTYPE_NAMES
+    return [d for d in names if d in impl.dtypes_on(device) and d in wanted]
 
 
 def _whole_skip_reason(impl: Implementation, device: str, op: str | None) -> str | None:
@@ -266,7 +270,7 @@ def _whole_skip_reason(impl: Implementation, device: str, op: str | None) -> str
     return None
 
 
-def implementation_params(config, op: str | None, applies_to=None):
+def implementation_params(config, op: str | None, applies_to=None, dtypes=DTYPE_NAMES):
     """(impl, device, dtype) triples as pytest params; what cannot run here is one skipped param saying why.
 
     A device that is absent, a framework that is missing or an operation the
@@ -282,8 +286,8 @@ def implementation_params(config, op: str | None, applies_to=None):
     params = []
     for impl in implementations(config):
         for device in _candidate_devices(config, impl):
-            dtypes = _selected_dtypes(config, impl, device)
-            if not dtypes:
+            selected = _selected_dtypes(config, impl, device, dtypes)
+            if not selected:
                 continue
             reason = _whole_skip_reason(impl, device, op) or (applies_to(impl) if applies_to else None)
             if reason:
@@ -292,7 +296,7 @@ def implementation_params(config, op: str | None, applies_to=None):
                     marks.append(pytest.mark.absent_device(device=device, impl=impl.name))
                 params.append(pytest.param(impl, device, None, id=f"{impl.name}-{device}", marks=marks))
                 continue
-            params.extend(pytest.param(impl, device, dtype, id=f"{impl.name}-{device}-{dtype}") for dtype in dtypes)
+            params.extend(pytest.param(impl, device, dtype, id=f"{impl.name}-{device}-{dtype}") for dtype in selected)
     return params
 
 
@@ -303,11 +307,14 @@ def parametrize(metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("op")
     op = marker.args[0] if marker else None
     applies = metafunc.definition.get_closest_marker("applies_to")
-    triples = implementation_params(metafunc.config, op, applies.args[0] if applies else None)
-    if "fixture_case" in names:
+    applies = applies.args[0] if applies else None
+    if "fixture_case" in names:  # every dtype: each fixture runs in the 8-bit dtypes or in the others (its own)
+        triples = implementation_params(metafunc.config, op, applies, DECLARABLE_DTYPE_NAMES)
         metafunc.parametrize(("fixture_case", "impl", "device", "dtype"), _fixture_rows(triples))
-    else:
-        metafunc.parametrize(("impl", "device", "dtype"), triples)
+        return
+    eight_bit = metafunc.definition.get_closest_marker("eight_bit") is not None
+    triples = implementation_params(metafunc.config, op, applies, EIGHT_BIT_DTYPE_NAMES if eight_bit else DTYPE_NAMES)
+    metafunc.parametrize(("impl", "device", "dtype"), triples)
 
 
 def _fixture_rows(triples) -> list:
@@ -330,7 +337,8 @@ def _fixture_rows(triples) -> list:
                     skipped.add(key)
                     rows.append(pytest.param(None, impl, device, None, id=key, marks=[pytest.mark.skip(reason=reason)]))
                 continue
-            rows.append(pytest.param(fx, impl, device, dtype, id=f"{fx.id}-{p.id}"))
+            if fx.runs_in(dtype):  # an 8-bit fixture in the 8-bit dtypes, every other one in the others
+                rows.append(pytest.param(fx, impl, device, dtype, id=f"{fx.id}-{p.id}"))
     return rows
 
 
@@ -510,6 +518,6 @@ def _why_not_runnable(config, impl: Implementation) -> str:
     if not present:
         return "; ".join(absent_device_reason(impl, d) for d in devices)
     wanted = config.getoption("dtype")
-    if wanted and not any(_selected_dtypes(config, impl, d) for d in present):
+    if wanted and not any(_selected_dtypes(config, impl, d, DECLARABLE_DTYPE_NAMES) for d in present):
         return f"it declares none of --dtype {', '.join(wanted)} on {', '.join(present)}"
     return "every item was deselected or skipped"

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .cases import DESCALES
 from .specdata import clauses
 
 
@@ -163,8 +164,8 @@ def _array_literal(array: np.ndarray, dtype: str) -> str:
         return f"np.array({array.tolist()!r}, dtype=bool)"
     values = np.asarray(array, dtype=np.float64).tolist()
     body = repr(values).replace("inf", "np.inf").replace("nan", "np.nan")
-    if dtype == "bfloat16":
-        return f"np.array({body}).astype(ml_dtypes.bfloat16)"
+    if dtype == "bfloat16" or dtype.startswith("float8_"):  # NumPy has neither: ml_dtypes' types
+        return f"np.array({body}).astype(ml_dtypes.{dtype})"
     return f"np.array({body}, dtype=np.{dtype})"
 
 
@@ -184,7 +185,7 @@ def array_source(arrays_file: str | None, dtype: str):
 
 def _own_dtype(name: str, value: np.ndarray, dtype: str) -> str:
     # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype (README, "The contract").
-    own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink")
+    own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink", *DESCALES)
     return str(value.dtype) if own else dtype
 
 

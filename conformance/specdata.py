@@ -169,6 +169,14 @@ class Fixture:
     tolerance_reason: str = ""
     description: str = ""
     alignment: str = "bottom-right"  # sdpa_varlen, sdpa_paged: the SEQUENCE_ALIGNMENT of the printed values
+    dtypes: tuple[str, ...] = ()  # the 8-bit dtypes an FP8 fixture runs in; () for every other fixture
+
+    def runs_in(self, dtype: str) -> bool:
+        """Whether the fixture runs in ``dtype``: an 8-bit fixture in its own 8-bit dtypes, every other one in the
+        16/32/64-bit dtypes."""
+        from attention_conformance.implementations._arrays import is_eight_bit
+
+        return dtype in self.dtypes if self.dtypes else not is_eight_bit(dtype)
 
     @property
     def arrays(self) -> dict[str, Any]:
@@ -219,6 +227,7 @@ def _check_shapes(fx: Fixture) -> np.ndarray:
             if name in inputs and (inputs[name].shape != (b,) or (inputs[name] > limit).any()):
                 fail(f"inputs.{name}", f"{inputs[name].tolist()}: {b} length(s) (B,) each at most {limit} expected")
         _check_head_parameters(inputs, b, hq, fail)
+        _check_eight_bit(fx, fail)
         if "v" in inputs and inputs["v"].shape[:3] != k.shape[:3]:
             fail("inputs.v", f"shape {inputs['v'].shape} does not fit k {k.shape} (same B, Hkv, Lk)")
         if "mask" in inputs:
@@ -304,6 +313,29 @@ def _check_head_parameters(inputs: dict, b: int, hq: int, fail) -> None:
         fail("inputs.learnable_sink", f"{sink.tolist()}: (Hq,) = ({hq},) finite logits expected")
 
 
+def _check_eight_bit(fx: Fixture, fail) -> None:
+    """An FP8 fixture (issue 25): descale factors of shape (B, Hkv), finite and float32-exact, and q, k, v exactly
+    representable in each of its 8-bit dtypes (else the rounding to the dtype would change the case the printed
+    values are of); descales only beside 8-bit dtypes."""
+    from . import oracle
+
+    inputs = fx.inputs
+    descales = {name: inputs[name] for name in oracle.DESCALES if name in inputs}
+    if descales and not fx.dtypes:
+        fail(f"inputs.{next(iter(descales))}", "descale factors need `dtypes`: the 8-bit dtypes the fixture runs in")
+    k = inputs["k"]
+    for name, factors in descales.items():
+        if factors.shape != k.shape[:2] or not np.isfinite(factors).all() \
+                or (factors.astype(np.float32) != factors).any():
+            fail(f"inputs.{name}", f"{factors.tolist()}: (B, Hkv) = {k.shape[:2]} finite float32 values expected")
+    for dtype in fx.dtypes:
+        from attention_conformance.implementations._arrays import numpy_dtype
+
+        for name in ("q", "k", "v"):
+            if name in inputs and (inputs[name].astype(numpy_dtype(dtype)).astype(np.float64) != inputs[name]).any():
+                fail(f"inputs.{name}", f"values not exactly representable in {dtype} (listed in `dtypes`)")
+
+
 def _call_arguments(fx: Fixture) -> dict[str, Any]:
     return dict(fx.inputs)
 
@@ -320,7 +352,7 @@ def run_oracle(fx: Fixture, inputs: dict[str, Any] | None = None, policy: str = 
     if fx.op == "sdpa":
         return oracle.sdpa(
             args["q"], args["k"], args["v"], args.get("mask"), args.get("is_causal", False), args.get("scale"),
-            fully_masked_rows_policy=policy, **oracle.variant_options(args),
+            fully_masked_rows_policy=policy, **oracle.variant_options(args), **oracle.descale_options(args),
         )
     if fx.op == "sdpa_varlen":
         return oracle.sdpa_varlen(**args, fully_masked_rows_policy=policy, alignment=fx.alignment)
@@ -445,6 +477,7 @@ def _load_entry(path: Path, document: dict, item: dict, known_clauses: dict[str,
         tolerance_reason=tolerance.get("reason", ""),
         description=item.get("description", ""),
         alignment=item.get("alignment", "bottom-right"),
+        dtypes=tuple(item.get("dtypes", ())),
     )
     if fx.expected is not None and "atol" not in tolerance:
         raise SpecError(path, entry, "tolerance", "a fixture with printed `expected` values needs a tolerance")

@@ -17,7 +17,7 @@ from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.strategies import DerivedCase, variant_cases
 from attention_conformance.conformance.strategies import VARIANTS, sink_chunk_leftpad_cases
 from attention_conformance.conformance.test_properties import _derived, _judge, _same, check, property_test
-from attention_conformance.implementations._registry import missing_keywords_message
+from attention_conformance.implementations._registry import VARIANT_DEFAULTS, missing_keywords_message
 
 pytestmark = pytest.mark.conformance
 sdpa_op = pytest.mark.op("sdpa")
@@ -33,7 +33,7 @@ def needs(*keywords: str):
         missing = [k for k in keywords if accepted is not None and k not in accepted]
         if missing:
             return f"unsupported: {missing_keywords_message(impl.name, 'sdpa', missing)}"
-        undeclared = [k for k in keywords if not impl.region.allows_variant(k)]
+        undeclared = [k for k in keywords if k in VARIANT_DEFAULTS and not impl.region.allows_variant(k)]
         if undeclared:
             return (f"unsupported: {impl.name} declares variants {list(impl.region.variants)} in SUPPORTS, not "
                     f"{', '.join(repr(k) for k in undeclared)}")

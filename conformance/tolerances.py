@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from attention_conformance.implementations._arrays import is_eight_bit
+
 from . import oracle
 from .specdata import SPEC_DIR, read_yaml
 
@@ -206,13 +208,14 @@ def _sixteen_bit_underflow(u: float) -> float:
     raise ValueError(f"no 16-bit dtype has unit roundoff {u}")
 
 
-def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, **variants):
+def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_acc=None, **variants):
     """Allowed error per output element (B, Hq, Lq, Dv) of a 16-bit sdpa (spec/tolerances.yaml, sixteen_bit).
 
     dq, dk, dv: optional absolute errors of the inputs (the projections of multi_head_attention),
-    independent per element; they add to the score errors and to the output as random walks."""
+    independent per element; they add to the score errors and to the output as random walks.
+    ``u_acc``: the accumulators' unit roundoff (default float32's; 8-bit tensor cores keep fewer bits, eight_bit)."""
     c = _sixteen_bit_constants()
-    u_acc = _accumulator_roundoff()
+    u_acc = _accumulator_roundoff() if u_acc is None else u_acc
     q, k, v, dk, dv = _per_query_head(q, k, v, dk, dv)
     d, lk = q.shape[-1], k.shape[-2]
     scale_value = 1.0 / math.sqrt(d) if scale is None else float(scale)
@@ -308,14 +311,20 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
 
 
 def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False,
-                 **variants) -> np.ndarray:
+                 output_dtype: str | None = None, **variants) -> np.ndarray:
     """``variants``: the variant keywords of the case (oracle.variant_options); query_lengths changes nothing
-    here (padding rows are not judged)."""
+    here (padding rows are not judged). An 8-bit case (section eight_bit) passes q, k, v dequantized and the
+    dtype of its output (FP8_OUTPUT_DTYPE, default bfloat16)."""
     variants = {n: x for n, x in variants.items() if n != "query_lengths"}
-    u = unit_roundoff(dtype)
-    if is_sixteen_bit(dtype):
+    if is_eight_bit(dtype):
+        output_dtype = output_dtype or "bfloat16"
+        u = unit_roundoff(output_dtype)  # a fully masked row's 'uniform' bound: the output dtype's rounding
+        allowed = _sdpa8_terms(q, k, v, mask, is_causal, scale, dtype, output_dtype, **variants)
+    elif is_sixteen_bit(dtype):
+        u = unit_roundoff(dtype)
         allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants)
     else:
+        u = unit_roundoff(dtype)
         allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32), **variants)
     # Rows without keys: exactly 0 under 'zeros', and with a learnable sink under every policy (its weight takes
     # the whole row: oracle.attention_weights).
@@ -398,3 +407,89 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
     context_error = np.broadcast_to(context_error, trace["context"].shape)
     merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)
     return merged_error @ np.abs(p["w_o"]) + projection_error(trace["merged"], "o")
+
+
+# ------------------------------------------------------------------ 8-bit inputs (issue 25)
+# spec/tolerances.yaml, section eight_bit: FP8 q, k, v with descale factors. The inputs are exact (the oracle and
+# this model see the dequantized values); the error is the accumulation, the rounding of P to the 8-bit format
+# before P @ V (FlashAttention 3), the output's rounding, and, for a path that dequantizes to its output dtype
+# and computes there, that dtype's roundings: the sixteen_bit model in the output dtype, with the 8-bit
+# accumulators, plus two terms of P's 8-bit rounding.
+
+
+@functools.lru_cache(maxsize=None)
+def _eight_bit() -> dict:
+    section = model()["eight_bit"]
+    factor = float(section["safety_factor"])
+    return {**section, **{key: float(value) * factor for key, value in section.items() if key.startswith("c_")}}
+
+
+def eight_bit_unit_roundoff(dtype: str) -> float:
+    """The unit roundoff of an 8-bit format: 2^-4 (e4m3fn, 3 mantissa bits), 2^-3 (e5m2, 2)."""
+    return float(model()["eight_bit"]["unit_roundoff"][dtype])
+
+
+def _rounding_groups(p: np.ndarray, v: np.ndarray, ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of the weights p (B, Hq, Lq, Lk) and feature d of v (B, Hq, Lk, Dv): (sqrt(sum_g S_gd^2),
+    sqrt(sum_g P_g^2)) over the cells g of ratio ``ratio`` that its weights fall in (floor(log p / log ratio)),
+    S_gd = sum_{j in g} p_j v_jd (signed) and P_g = sum_{j in g} p_j. Weights that close may round alike: their
+    errors are taken as one (spec/tolerances.yaml, eight_bit)."""
+    b, h, lq, lk = p.shape
+    dv = v.shape[-1]
+    rows = p.reshape(-1, lk)
+    order = np.argsort(rows, axis=-1, kind="stable")
+    weights = np.take_along_axis(rows, order, axis=-1)
+    with np.errstate(divide="ignore"):
+        cell = np.where(weights > 0, np.floor(np.log(np.where(weights > 0, weights, 1.0)) / math.log(ratio)), -np.inf)
+    starts = np.ones_like(weights, dtype=bool)
+    starts[:, 1:] = cell[:, 1:] != cell[:, :-1]
+    first = np.flatnonzero(starts)
+    # v's rows in each weight row's order, gathered straight from (B * Hq * Lk, Dv): row r is of head r // Lq
+    head = (np.arange(rows.shape[0]) // lq)[:, None] * lk
+    values = v.reshape(-1, dv)[(head + order).ravel()]
+    sums = np.add.reduceat(weights.reshape(-1, 1) * values, first, axis=0)  # S_gd, the groups in row order
+    totals = np.add.reduceat(weights.ravel(), first)  # P_g
+    row_first = np.searchsorted(first // lk, np.arange(rows.shape[0]))  # every row starts a group at j = 0
+    signed = np.sqrt(np.add.reduceat(sums * sums, row_first, axis=0)).reshape(b, h, lq, dv)
+    mass = np.sqrt(np.add.reduceat(totals * totals, row_first)).reshape(b, h, lq, 1)
+    return signed, mass
+
+
+def _sdpa8_terms(q, k, v, mask, is_causal, scale, dtype: str, output_dtype: str, **variants) -> np.ndarray:
+    """Allowed error per output element (B, Hq, Lq, Dv) of sdpa on 8-bit inputs (spec/tolerances.yaml, eight_bit);
+    q, k, v dequantized (float64)."""
+    c = _eight_bit()
+    u = unit_roundoff(output_dtype)
+    u8 = eight_bit_unit_roundoff(dtype)
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    # A path that dequantizes to its output dtype rounds each input once there: independent errors c_in u |x|.
+    base = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, c["c_in"] * u * np.abs(q), c["c_in"] * u * np.abs(k),
+                         c["c_in"] * u * np.abs(v), u_acc=float(c["accumulator_roundoff"]), **variants)
+    q, k, v, _, _ = _per_query_head(q, k, v)
+    p = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)
+    o = p @ v
+    v2, v_abs, o_abs = v * v, np.abs(v), np.abs(o)
+    # P rounded to the 8-bit format before P @ V: e_ij = delta_g p_ij + r_ij, delta_g (|.| <= u8) shared by the weights
+    # of one cell g of the format (they may round alike), |r_ij| <= 2 u8 p_ij the rest; a random walk across cells
+    # and across the rests, against v_j (or v_j - o, a normaliser from the rounded P: + |o|). The linear bound
+    # sum_j |e_ij| (|v_jd| + |o_id|) always holds.
+    # The keys at the row's largest score round exactly: P there is 2^offset (e^0 at the running maximum when their
+    # block is reached), which the 8-bit formats hold; only the other keys' weights are rounded.
+    top = np.max(p, axis=-1, keepdims=True)
+    rounded = np.where(p < top, p, 0.0)
+    signed, mass = _rounding_groups(rounded, v, 1.0 + 2.0 * u8)
+    p2 = rounded * rounded
+    walk = signed + o_abs * mass + 2.0 * (np.sqrt(p2 @ v2) + o_abs * np.sqrt(np.sum(p2, axis=-1, keepdims=True)))
+    linear = rounded @ v_abs + o_abs * np.sum(rounded, axis=-1, keepdims=True)
+    rounding = c["c_p"] * u8 * np.minimum(walk, linear)
+    # Weights below the format's normal range after FlashAttention 3's offset (P = 2^offset e^(s - m), m the running
+    # maximum <= the row's) round to a multiple of the subnormal spacing: at most min(p, eta / l) each, eta half
+    # the spacing over 2^offset and l = 1 / max_j p_j the normaliser; rounding to 0 is biased, so linear.
+    scaled = float(2.0 ** int(c["offset_bits"]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        relative = np.where(top > 0, p / np.where(top > 0, top, 1.0), 0.0)  # e^(s_j - max_l s_l)
+    tiny = (p > 0) & (relative * scaled < float(c["smallest_normal"][dtype]))
+    eta = float(c["smallest_subnormal"][dtype]) / 2.0 / scaled
+    lost = np.where(tiny, np.minimum(p, eta * top), 0.0)
+    underflow = c["c_underflow"] * (lost @ v_abs + o_abs * np.sum(lost, axis=-1, keepdims=True))
+    return base + rounding + underflow

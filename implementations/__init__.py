@@ -7,7 +7,8 @@ or more of
     softmax(x, axis=-1)
     sdpa(q, k, v, mask=None, is_causal=False, scale=None,
          *, window=None, softcap=None, alibi_slopes=None, query_offset=0, query_lengths=None, key_lengths=None,
-         learnable_sink=None, sink_token_length=0, attention_chunk=None, key_leftpad=None)
+         learnable_sink=None, sink_token_length=0, attention_chunk=None, key_leftpad=None,
+         q_descale=None, k_descale=None, v_descale=None)
     multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False, *, <sdpa's variant
          keywords>)  (applied to every head's attention after the projections; mha.variants)
     sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
@@ -20,8 +21,11 @@ or more of
 (B, max_blocks) and seqused_k (B,) int32 -> (B, Hq, Lq, Dv); each sequence is an sdpa of its own keys, README
 "Packed batches and paged KV caches") and optionally the attributes
 
-    DTYPES             names among float64, float32, float16, bfloat16 (default float32, float64),
-                       or a dict {device: names} when they differ per device
+    DTYPES             names among float64, float32, float16, bfloat16 (default float32, float64), and the
+                       8-bit float8_e4m3fn, float8_e5m2 (FP8: q, k, v stored in 8 bits with float32 (B, Hkv)
+                       descale factors q_descale, k_descale, v_descale, passed to every 8-bit case; only the
+                       8-bit tests run in them); or a dict {device: names} when they differ per device
+    FP8_OUTPUT_DTYPE   "bfloat16" (default, FlashAttention 3's) or "float16": the output dtype of 8-bit cases
     ARRAY              "numpy" (default), "torch", "jax", or the kind of an adapter registered in
                        _arrays.py: the array type it takes and returns
     DEVICES            devices it runs on, e.g. ("cpu", "cuda"); default: every device of ARRAY present

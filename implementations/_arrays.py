@@ -53,6 +53,12 @@ from typing import Any, Callable
 import numpy as np
 
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
+# 8-bit floating-point inputs (FP8 attention, issue 25; README "The contract", FP8): q, k and v stored as OCP float8
+# (e4m3fn: 4 exponent bits, 3 mantissa bits, no infinity, max 448; e5m2: 5 and 2, max 57344) with per-head descale
+# factors. An implementation declares them in DTYPES beside (or instead of) the computing dtypes above; only the
+# 8-bit tests (conformance/test_fp8.py, fixtures marked for them) run in them, and the 16/32/64-bit tests never do.
+EIGHT_BIT_DTYPE_NAMES = ("float8_e4m3fn", "float8_e5m2")
+DECLARABLE_DTYPE_NAMES = DTYPE_NAMES + EIGHT_BIT_DTYPE_NAMES
 SUITE_DEVICES = ("cpu", "cuda")  # the device names the suite's own adapters use
 
 
@@ -61,11 +67,16 @@ class NotDifferentiable(Exception):
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
+    if name == "bfloat16" or name in EIGHT_BIT_DTYPE_NAMES:  # NumPy knows neither: ml_dtypes' types
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
+
+
+def is_eight_bit(name: str) -> bool:
+    """Whether a dtype name (DECLARABLE_DTYPE_NAMES) is one of the 8-bit input formats."""
+    return name in EIGHT_BIT_DTYPE_NAMES
 
 
 def dtype_name(dtype) -> str:
@@ -151,6 +162,10 @@ class TorchArrays(ArrayAdapter):
         if array.dtype == numpy_dtype("bfloat16"):
             # torch.from_numpy knows no bfloat16; float32 holds every bfloat16 exactly.
             return torch.from_numpy(array.astype(np.float32)).to(device=device, dtype=torch.bfloat16)
+        if dtype_name(array.dtype) in EIGHT_BIT_DTYPE_NAMES:
+            # Nor float8: the same bytes, reinterpreted (ml_dtypes and torch share the OCP encodings).
+            bits = torch.from_numpy(np.ascontiguousarray(array).view(np.uint8))
+            return bits.view(getattr(torch, dtype_name(array.dtype))).to(device)
         return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
     def to_numpy(self, value) -> np.ndarray:
@@ -161,6 +176,8 @@ class TorchArrays(ArrayAdapter):
         value = value.detach().cpu()
         if value.dtype == torch.bfloat16:
             return value.float().numpy().astype(numpy_dtype("bfloat16"))
+        if dtype_name(value.dtype) in EIGHT_BIT_DTYPE_NAMES:
+            return value.contiguous().view(torch.uint8).numpy().view(numpy_dtype(dtype_name(value.dtype)))
         return value.numpy()
 
     def device_info(self) -> dict[str, Any]:

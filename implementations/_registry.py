@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import ARRAY_KINDS, DTYPE_NAMES, device_names, dtype_name, numpy_dtype
+from ._arrays import ARRAY_KINDS, DECLARABLE_DTYPE_NAMES, DTYPE_NAMES, device_names, dtype_name, is_eight_bit, numpy_dtype
 from ._region import EVERYTHING, Region, RegionError, parse_region, shape_facts
 
 OPERATIONS = ("softmax", "sdpa", "multi_head_attention", "sdpa_varlen", "sdpa_paged")
@@ -36,9 +36,15 @@ VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "quer
 # Packed variable-length batches and paged KV caches (issue 25; README "The contract", spec/clauses.yaml varlen.*,
 # paged.*): one sdpa per sequence, with the variant keywords that make sense per sequence.
 SEQUENCE_VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "learnable_sink": None}
+# FP8 attention (issue 25; README "The contract", FP8): the descale factors of 8-bit q, k, v, float32 (B, Hkv) each,
+# FlashAttention 3's names and shapes. Keyword-only and passed only to the 8-bit cases; not variant keywords (no
+# "variants" fact, no SUPPORTS["variants"] entry): they are how 8-bit inputs carry their scale.
+DESCALE_DEFAULTS = {"q_descale": None, "k_descale": None, "v_descale": None}
+# The dtype of an 8-bit case's output (FP8_OUTPUT_DTYPE): FlashAttention 3 returns bfloat16 for float8 inputs.
+FP8_OUTPUT_DTYPES = ("bfloat16", "float16")
 OPTIONAL_KEYWORDS = {
     "softmax": {"axis": -1},
-    "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS},
+    "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS, **DESCALE_DEFAULTS},
     # mha.variants: the same keywords, applied to each head's attention after the projections.
     "multi_head_attention": {"mask": None, "is_causal": False, **VARIANT_DEFAULTS},
     "sdpa_varlen": {"is_causal": False, "scale": None, "seqused_k": None, **SEQUENCE_VARIANT_DEFAULTS},
@@ -93,6 +99,7 @@ class Implementation:
     float32_matmul: dict = field(default_factory=dict)  # {device: "tf32"} where float32 matmuls run in TF32
     compiled: bool = False  # compiles per input signature (ARRAY="jax", COMPILED=True): fewer examples
     gradients: bool = True  # GRADIENTS=False: a forward-only sdpa, to which the gradient tests do not apply
+    fp8_output_dtype: str = "bfloat16"  # FP8_OUTPUT_DTYPE: the output dtype of its 8-bit cases
     _signatures: dict = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -153,6 +160,11 @@ class Implementation:
         if outside:
             return f"outside {self.name}'s declared region: {outside}"
         return None
+
+    def output_dtype(self, dtype: str) -> str:
+        """The dtype its result must have in a case of ``dtype``: the input dtype, or FP8_OUTPUT_DTYPE for 8-bit
+        inputs (sdpa.fp8-output-dtype)."""
+        return self.fp8_output_dtype if is_eight_bit(dtype) else dtype
 
     def tf32_on(self, device: str) -> bool:
         """Whether float32 matmuls are declared to run in TF32 on ``device`` (FLOAT32_MATMUL)."""
@@ -303,12 +315,13 @@ class Implementation:
             "supports": self.region.describe() if self.region.declared else "everything",
             "float32_matmul": {d: self.float32_matmul.get(d, "ieee") for d in device_names()},
             "gradients": self.gradients,
+            **({"fp8_output_dtype": self.fp8_output_dtype} if any(map(is_eight_bit, self.dtypes)) else {}),
             "skip_reason": self.skip_reason,
         }
 
 
 def _by_dtype(declared: dict) -> bool:
-    return any(key in DTYPE_NAMES for key in declared)
+    return any(key in DECLARABLE_DTYPE_NAMES for key in declared)
 
 
 def _describe_policy(declared):
@@ -345,7 +358,7 @@ def parse_fully_masked_rows(declared, spec: str):
             f"{spec}: FULLY_MASKED_ROWS={declared!r} must be one of {list(FULLY_MASKED_POLICIES)}, a dict by cause "
             f"({', '.join(FULLY_MASKED_CAUSES)}) or by dtype ({', '.join(DTYPE_NAMES)}), or a callable(facts)")
     if _by_dtype(declared):
-        stray = [key for key in declared if key not in DTYPE_NAMES]
+        stray = [key for key in declared if key not in DECLARABLE_DTYPE_NAMES]
         if stray:
             raise ImplementationLoadError(
                 f"{spec}: FULLY_MASKED_ROWS mixes dtypes and other keys: {stray[0]!r} is no dtype "
@@ -389,12 +402,18 @@ def from_object(obj, name: str, spec: str) -> Implementation:
     by_device = None
     if isinstance(declared_dtypes, dict):
         by_device = {device: tuple(names) for device, names in declared_dtypes.items()}
-        dtypes = tuple(d for d in DTYPE_NAMES if any(d in names for names in by_device.values()))
+        dtypes = tuple(d for d in DECLARABLE_DTYPE_NAMES if any(d in names for names in by_device.values()))
     else:
         dtypes = tuple(declared_dtypes)
-    unknown = [d for d in dtypes if d not in DTYPE_NAMES]
+    unknown = [d for d in dtypes if d not in DECLARABLE_DTYPE_NAMES]
     if unknown:
-        raise ImplementationLoadError(f"{spec}: DTYPES names unknown dtypes {unknown}; allowed: {list(DTYPE_NAMES)}")
+        raise ImplementationLoadError(
+            f"{spec}: DTYPES names unknown dtypes {unknown}; allowed: {list(DECLARABLE_DTYPE_NAMES)}")
+    fp8_output = getattr(obj, "FP8_OUTPUT_DTYPE", "bfloat16")
+    if fp8_output not in FP8_OUTPUT_DTYPES:
+        raise ImplementationLoadError(
+            f"{spec}: FP8_OUTPUT_DTYPE={fp8_output!r} must be one of {list(FP8_OUTPUT_DTYPES)} (the dtype of the "
+            "output of an 8-bit case; FlashAttention 3 returns bfloat16)")
     policy = parse_fully_masked_rows(getattr(obj, "FULLY_MASKED_ROWS", "zeros"), spec)
     layout = getattr(obj, "LAYOUT", "bhld")
     if not isinstance(layout, str) or layout not in LAYOUTS:
@@ -454,6 +473,7 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         float32_matmul={d: m for d, m in matmul.items() if m != "ieee"},
         compiled=array == "jax" or bool(getattr(obj, "COMPILED", False)),
         gradients=gradients,
+        fp8_output_dtype=fp8_output,
     )
     if not any(impl.implements(op) for op in OPERATIONS):
         raise ImplementationLoadError(f"{spec}: exposes none of {', '.join(OPERATIONS)}")

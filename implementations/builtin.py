@@ -19,6 +19,9 @@ Paths:
   jax_dpa_cudnn jax.nn.dot_product_attention(implementation="cudnn") (CUDA only)
   jax_pallas_flash  the Pallas (Triton) flash attention of jax.experimental.pallas.ops.gpu (CUDA only)
   jax_numpy     hand-written jax.numpy, float32 matmuls at full float32 precision (CPU: float64 and float32)
+  torch_scaled_mm_fp8  float8 q, k, v (both 8-bit dtypes): torch._scaled_mm for q @ k^T and P @ V with the descale
+                factors as its scales, P cast to float8 after FlashAttention 3's 2^8 offset, bfloat16 out (FP8
+                attention, issue 25; 8-bit cases only, CPU)
 
 The variant keywords of sdpa (window, softcap, alibi_slopes, query_offset, query_lengths,
 key_lengths; learnable_sink, sink_token_length, attention_chunk, key_leftpad; README "The
@@ -36,6 +39,7 @@ README "GPU").
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import numpy as np
@@ -1472,6 +1476,75 @@ class JaxPallasFlashAttention:
         return jnp.swapaxes(out, 1, 2)
 
 
+# ------------------------------------------------------------------ FP8 attention (issue 25)
+@functools.cache
+def _scaled_mm_on_cpu() -> bool:
+    """Whether this torch's FP8 GEMM runs on the CPU (torch 2.13 does; older builds raise)."""
+    import torch
+
+    one = torch.ones((1, 1)).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(one, one, scale_a=torch.tensor(1.0), scale_b=torch.tensor(1.0), out_dtype=torch.float32)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+class TorchScaledMMFP8:
+    """FP8 attention from torch's FP8 ops, arranged as FlashAttention 3 arranges its forward: per (batch, head),
+    S = torch._scaled_mm(q, k^T) of the float8 inputs with q_descale, k_descale as its scales (float32 out; q's
+    factor is its kv head's), then the scale, a softcap, the masks, the row maximum m, P = 2^8 e^(s - m) in float32,
+    the row sum from that P, P cast to the inputs' float8 format (torch's own rounding), O = torch._scaled_mm(P, v)
+    with v_descale as v's scale, O / row sum, bfloat16 out (FP8_OUTPUT_DTYPE). torch._scaled_mm runs on the CPU in
+    torch 2.13 (any shape, e4m3fn and e5m2); on CUDA it needs sm89+ and dims in multiples of 16, not measured here:
+    CPU only.
+    """
+
+    NAME = "torch_scaled_mm_fp8"
+    ARRAY = "torch"
+    DTYPES = ("float8_e4m3fn", "float8_e5m2")
+    DEVICES = ("cpu",)
+    FP8_OUTPUT_DTYPE = "bfloat16"
+    MAX_OFFSET = 8  # FlashAttention 3's: P in [0, 256] uses more of the 8-bit range than [0, 1]
+
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, query_offset=0,
+             query_lengths=None, key_lengths=None, q_descale=None, k_descale=None, v_descale=None):
+        # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
+        import torch
+
+        if not _scaled_mm_on_cpu():
+            raise NotImplementedError(f"torch {torch.__version__}: torch._scaled_mm does not run on the CPU")
+        b, hq, lq, _ = q.shape
+        hkv, lk = k.shape[1], k.shape[2]
+        group = hq // hkv
+        one = torch.ones((b, hkv), dtype=torch.float32)
+        qd, kd, vd = (one if d is None else d.to(torch.float32) for d in (q_descale, k_descale, v_descale))
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        keep = torch.from_numpy(_positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths))
+        if mask is not None and mask.dtype == torch.bool:
+            keep = keep & mask
+        out = torch.zeros((b, hq, lq, v.shape[-1]), dtype=torch.float32)
+        for i in range(b):
+            for h in range(hq):
+                g = h // group
+                s = torch._scaled_mm(q[i, h], k[i, g].t(), scale_a=qd[i, g], scale_b=kd[i, g],
+                                     out_dtype=torch.float32) * scale
+                if softcap is not None:
+                    s = torch.tanh(s / softcap) * softcap
+                if mask is not None and mask.dtype != torch.bool:
+                    s = s + torch.broadcast_to(mask, (b, hq, lq, lk))[i, h]
+                s = s.masked_fill(~torch.broadcast_to(keep, (b, hq, lq, lk))[i, h], float("-inf"))
+                top = s.amax(dim=-1, keepdim=True)
+                top = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
+                p = torch.exp(s - top) * 2.0**cls.MAX_OFFSET
+                total = p.sum(dim=-1, keepdim=True)
+                o = torch._scaled_mm(p.to(v.dtype), v[i, g], scale_a=torch.tensor(1.0), scale_b=vd[i, g],
+                                     out_dtype=torch.float32)
+                out[i, h] = torch.where(total > 0, o / torch.where(total > 0, total, 1.0), 0.0)
+        return out.to(torch.bfloat16)
+
+
 def _x64_off():
     """A context in which JAX traces with jax_enable_x64 off (its name moved between JAX releases)."""
     import jax
@@ -1498,4 +1571,5 @@ BUILTINS = (
     JaxCuDNNAttention,
     JaxPallasFlashAttention,
     JaxNumpy,
+    TorchScaledMMFP8,
 )

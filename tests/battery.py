@@ -13,16 +13,17 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from attention_conformance.conformance import (agreement, checks, properties, test_dropout, test_fixtures, test_gradients,
-                                               test_mha, test_paged, test_properties, test_variant_gradients,
-                                               test_variants, test_varlen)
+from attention_conformance.conformance import (agreement, checks, properties, test_dropout, test_fixtures, test_fp8,
+                                               test_gradients, test_mha, test_paged, test_properties,
+                                               test_variant_gradients, test_variants, test_varlen)
+from attention_conformance.implementations._arrays import is_eight_bit
 from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.conformance.specdata import fixtures
 
 PROPERTY_TESTS = [
     fn
     for module in (test_properties, test_mha, test_gradients, test_dropout, test_variants, test_variant_gradients,
-                   test_varlen, test_paged)
+                   test_varlen, test_paged, test_fp8)
     for name, fn in vars(module).items()
     if name.startswith("test_") and callable(fn) and hasattr(fn, "__wrapped__")
 ]
@@ -41,16 +42,24 @@ class Verdicts:
         return {clause for _, _, clause in self.failures}
 
 
-def _op(fn) -> str | None:
-    """The contract operation a test exercises: its own op mark, else its module's."""
+def _marks(fn) -> list:
+    """The test's own marks, then its module's."""
     import sys
 
     module_marks = getattr(sys.modules[fn.__module__], "pytestmark", [])
     module_marks = module_marks if isinstance(module_marks, list) else [module_marks]
-    for mark in [*getattr(fn, "pytestmark", []), *module_marks]:
-        if mark.name == "op":
-            return mark.args[0]
-    return None
+    return [*getattr(fn, "pytestmark", []), *module_marks]
+
+
+def _op(fn) -> str | None:
+    """The contract operation a test exercises: its own op mark, else its module's."""
+    return next((mark.args[0] for mark in _marks(fn) if mark.name == "op"), None)
+
+
+def _runs_in(fn, dtype: str) -> bool:
+    """What collection decides (conformance/plugin.py): a test marked eight_bit runs in the 8-bit dtypes only, every
+    other test in the others only."""
+    return any(mark.name == "eight_bit" for mark in _marks(fn)) == is_eight_bit(dtype)
 
 
 def _run(verdicts: Verdicts, name: str, dtype: str, call) -> None:
@@ -92,7 +101,7 @@ def run_battery(impl, *, dtypes=("float64", "float32"), max_examples: int = 20, 
 # of them has that module's tests run first, so it is stopped early (the verdict
 # is the same; only the order of the battery changes).
 FAMILY_MODULES = {"grad.": test_gradients, "dropout.": test_dropout, "mha.": test_mha, "varlen.": test_varlen,
-                  "paged.": test_paged,
+                  "paged.": test_paged, "sdpa.fp8-": test_fp8,
                   **{clause: test_variants for clause in ("sdpa.window", "sdpa.softcap", "sdpa.alibi",
                                                           "sdpa.query-offset", "sdpa.varlen", "sdpa.variant-order",
                                                           "sdpa.learnable-sink", "sdpa.sink-tokens",
@@ -110,18 +119,18 @@ def _run_battery(impl, dtypes, max_examples, stop_on) -> Verdicts:
     verdicts = Verdicts()
     first = _family_tests(stop_on)
     for dtype in [d for d in dtypes if d in impl.dtypes]:
-        for fn in first:
+        for fn in (fn for fn in first if _runs_in(fn, dtype)):
             _run_property(verdicts, impl, fn, dtype, max_examples)
             if verdicts.clauses & stop_on:
                 return verdicts
         for fx in fixtures():
-            if fx.op == "scores" or not impl.implements(fx.op):
+            if fx.op == "scores" or not impl.implements(fx.op) or not fx.runs_in(dtype):
                 continue
             _run(verdicts, f"test_fixture[{fx.id}]", dtype,
                  lambda: test_fixtures.test_fixture(fx, impl, "cpu", dtype))
             if verdicts.clauses & stop_on:
                 return verdicts
-        for fn in (fn for fn in PROPERTY_TESTS if fn not in first):
+        for fn in (fn for fn in PROPERTY_TESTS if fn not in first and _runs_in(fn, dtype)):
             _run_property(verdicts, impl, fn, dtype, max_examples)
             if verdicts.clauses & stop_on:
                 return verdicts

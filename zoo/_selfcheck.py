@@ -252,7 +252,8 @@ def compare(got, want, dt, cond=0.0):
 
 
 def run_member(name, mod, verbose=False):
-    dtypes = getattr(mod, "DTYPES", ("float32", "float64"))
+    # The 8-bit dtypes (FP8 members) take descale factors this battery has no case for: tests/test_zoo.py runs them.
+    dtypes = [dt for dt in getattr(mod, "DTYPES", ("float32", "float64")) if dt in DTYPE_OBJ]
     array = getattr(mod, "ARRAY", "numpy")
     policy = getattr(mod, "FULLY_MASKED_ROWS", "zeros")
     problems, diffs, n = [], [], 0
@@ -287,7 +288,7 @@ def run_member(name, mod, verbose=False):
     is_broken = name.startswith("broken_")
     exp = getattr(mod, "EXPECTED_CLAUSES", frozenset())
     beyond_forward = bool(exp) and all(c.startswith(("grad.", "dropout.")) for c in exp)
-    if is_broken and not diffs and not beyond_forward:
+    if is_broken and not diffs and not beyond_forward and n:
         # The battery is small plain cases; a bug behind a variant keyword or a kernel-sized shape is out of its reach.
         # tests/test_zoo.py runs every broken member through the suite and asks for its expected clauses.
         print(f"   {name}: not reached by this battery (tests/test_zoo.py judges it)")
