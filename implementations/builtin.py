@@ -729,6 +729,13 @@ class TorchFlexAttention:
                 return score
         return mask_mod, score_mod
 
+    @staticmethod
+    def _block_mask(mask_mod, b, h, lq, lk, device):
+        """flex's BlockMask of ``mask_mod`` (the kernel skips the blocks it marks empty)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(mask_mod, b, h, lq, lk, device=device)
+
     @classmethod
     def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
              query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
@@ -738,7 +745,6 @@ class TorchFlexAttention:
         # mask one score_mod, in the contract's order. The learnable sink, which is no key, rescales flex's output
         # by its log-sum-exp: o * Z / (Z + e^sigma) = o * sigmoid(lse - sigma) (a row without keys: lse = -inf, 0).
         import torch
-        from torch.nn.attention.flex_attention import create_block_mask
 
         b, hq, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
         options = {}
@@ -755,7 +761,7 @@ class TorchFlexAttention:
         mask_mod, score_mod = cls._mods(q, b, hq, lq, lk, is_causal=bool(is_causal), window=window, softcap=softcap,
                                         offset=int(query_offset), sink_tokens=int(sink_token_length),
                                         chunk=attention_chunk, **options)
-        block_mask = None if mask_mod is None else create_block_mask(mask_mod, b, hq, lq, lk, device=q.device)
+        block_mask = None if mask_mod is None else cls._block_mask(mask_mod, b, hq, lq, lk, q.device)
         if learnable_sink is None and not cls.ALWAYS_LSE:
             return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                enable_gqa=hq != k.shape[1])
@@ -811,9 +817,10 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
         def eager(*args, **kwargs):
             # Eager flex still traces its call with dynamo (backend "eager"), once per new guard set. Shapes
             # dynamic from the first call, no 0/1 specialisation and no duck sizing (two sizes that happen to be
-            # equal are not guarded equal): 104 -> 43 traces of 0.2 s in a default run, then 16 -> 4 over this
-            # built-in's tests in one process (with ALWAYS_LSE). The traced graph calls the same aten ops on the
-            # same tensors, so what is judged does not change; the patches are scoped to this call.
+            # equal are not guarded equal): 104 -> 43 traces of 0.2 s in a default run, then 16 -> 4 over its sdpa
+            # tests in one process (with ALWAYS_LSE), 8 with sdpa_varlen and sdpa_paged. The traced graph calls the
+            # same aten ops on the same tensors, so what is judged does not change; the patches are scoped to this
+            # call.
             with warnings.catch_warnings(), torch._dynamo.config.patch(assume_static_by_default=False), \
                     fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
                 # "flex_attention called without torch.compile()": intended here (see the class docstring).
@@ -830,9 +837,10 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
         ...). Dynamo traces eager flex once per structure of its call (the mods' closures' None-ness and Python
         values, a block mask or none, the log-sum-exp asked or not are guarded), so the options' 2^11 structures
         cost a trace each (0.2-1 s; 40-80 a default run); with this (and the log-sum-exp always asked for), one per
-        {mask_mod, score_mod} present. A mod is left out where the case has nothing for it: a neutral mask_mod costs
-        a BlockMask built over every score, 2-5x the call on the property shapes. Exactly the same values: x + 0
-        and x - 0 * d are x, and a where() picks softcap's tanh only where it is asked for."""
+        {mask_mod, score_mod} present. A mod is left out where the case has nothing for it: its neutral mask or bias
+        gathered at every score cost more than the two traces it saves (torch_flex_cpu's tests, one process: 31 s
+        with both mods always, 16-18 s without). Exactly the same values: x + 0 and x - 0 * d are x, and a where()
+        picks softcap's tanh only where it is asked for."""
         import torch
 
         device, whole = q.device, dict(dtype=torch.int64, device=q.device)
@@ -876,6 +884,19 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
             return score + bias[bi, h, qi, ki]
 
         return (mask_mod if uses_mask else None), (score_mod if uses_scores else None)
+
+    @staticmethod
+    def _block_mask(mask_mod, b, h, lq, lk, device, block: int = 128):
+        """Every block partial: flex's dense CPU path (torch/_higher_order_ops/flex_attention.py math_attention)
+        reads only the BlockMask's mask_mod, applied to every score, so the result is the same as with
+        create_block_mask's (checked bit for bit), whose vmapped mask_mod over every score cost 10-80 ms a call."""
+        import torch
+        from torch.nn.attention.flex_attention import BlockMask
+
+        nq, nk, h = -(-lq // block), -(-lk // block), h or 1
+        counts = torch.full((b, h, nq), nk, dtype=torch.int32, device=device)
+        indices = torch.arange(nk, dtype=torch.int32, device=device).expand(b, h, nq, nk).contiguous()
+        return BlockMask.from_kv_blocks(counts, indices, BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(lq, lk))
 
     @classmethod
     def sdpa(cls, q, k, v, *args, **kwargs):
@@ -922,11 +943,13 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
         import torch
 
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=hq != k.shape[1])
-        if learnable_sink is None:
+        if learnable_sink is None and not cls.ALWAYS_LSE:
             return cls._flex()(q, k, v, **kwargs)
         from torch.nn.attention.flex_attention import AuxRequest
 
         out, aux = cls._flex()(q, k, v, return_aux=AuxRequest(lse=True), **kwargs)
+        if learnable_sink is None:
+            return out
         sink = _sink_4d(learnable_sink, hq)[..., 0].to(device=aux.lse.device, dtype=aux.lse.dtype)
         return (out * torch.sigmoid(aux.lse - sink)[..., None].to(out.dtype)).to(q.dtype)
 
@@ -934,7 +957,6 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
     def sdpa_varlen(cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
                     scale=None, *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
         import torch
-        from torch.nn.attention.flex_attention import create_block_mask
 
         device, hq = q.device, q.shape[1]
         rows = [torch.as_tensor(x, device=device) for x in _packed_positions(cu_seqlens_q, cu_seqlens_k, seqused_k)]
@@ -950,9 +972,10 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
             return cls._capped(o, score) - slopes[h, qi] * (query_position[qi] - key_position[ki]).abs()
 
         total_q, total_k = q.shape[0], k.shape[0]
-        block_mask = create_block_mask(document, 1, None, total_q, total_k, device=device)
-        out = cls._with_sink(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask,
-                             score_mod, scale, learnable_sink, hq)
+        block_mask = cls._block_mask(document, 1, None, total_q, total_k, device)
+        # (1, H, total, D), contiguous: a transposed view's strides change with the total, each a new dynamo trace.
+        heads_first = [x.transpose(0, 1)[None].contiguous() for x in (q, k, v)]
+        out = cls._with_sink(*heads_first, block_mask, score_mod, scale, learnable_sink, hq)
         return out[0].transpose(0, 1).contiguous()
 
     @classmethod
