@@ -244,6 +244,13 @@ def _jitted(fn, *static: str):
     return _JITTED[(fn, static)]
 
 
+def _traced(*arrays) -> bool:
+    """Whether any of the arrays is a JAX tracer (inside jax.vjp or jit): its values are not on the host."""
+    import jax
+
+    return any(isinstance(a, jax.core.Tracer) for a in arrays if a is not None)
+
+
 def _jax_sdpa(body, q, k, v, mask, is_causal, scale):
     """Call a jitted sdpa body: the scale travels as a traced scalar (None stays static)."""
     if scale is not None:
@@ -1234,6 +1241,12 @@ class JaxNumpy:
              query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
              attention_chunk=None, key_leftpad=None):
         # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
+        if not _traced(q, k, v, mask):  # concrete arrays (not the tracers of a gradient): one program per bucket
+            return JaxNumpy._sdpa_in_buckets(q, k, v, mask, is_causal, scale, window=window, softcap=softcap,
+                                             alibi_slopes=alibi_slopes, query_offset=query_offset,
+                                             key_lengths=key_lengths, learnable_sink=learnable_sink,
+                                             sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                                             key_leftpad=key_leftpad)
         if window is None and softcap is None and alibi_slopes is None and not query_offset and key_lengths is None \
                 and learnable_sink is None and attention_chunk is None and key_leftpad is None:
             return _jax_sdpa(JaxNumpy._sdpa, q, k, v, mask, is_causal, scale)
@@ -1245,6 +1258,79 @@ class JaxNumpy:
             query_offset=int(query_offset), key_lengths=key_lengths, learnable_sink=learnable_sink,
             sink_token_length=int(sink_token_length),
             attention_chunk=None if attention_chunk is None else int(attention_chunk), key_leftpad=key_leftpad)
+
+    @staticmethod
+    def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, *, window, softcap, alibi_slopes, query_offset,
+                         key_lengths, learnable_sink, sink_token_length, attention_chunk, key_leftpad):
+        """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block): lengths padded on the
+        host to the next power of two (at least 8), head dims to a multiple of 8, every option an array, neutral
+        where unused, so that neither a new length nor a new window, softcap, offset or mask shape compiles
+        (538 -> 241 XLA compiles over this built-in's tests in one process). The padded keys are removed
+        (key lengths), the padded head-dim columns are zeros (their products add 0), the padded query rows are cut
+        off: the same arithmetic on the real rows, up to the order of XLA's sums (within the tolerance model, which
+        holds for any order)."""
+        q, k, v = (np.asarray(x) for x in (q, k, v))
+        (b, hq, lq, dk), (hkv, lk, dv) = q.shape, (k.shape[1], k.shape[2], v.shape[3])
+        rows, keys, dk8, dv8 = _bucket(lq, 8), _bucket(lk, 8), -(-dk // 8) * 8, -(-dv // 8) * 8
+        floats = np.float64 if q.dtype == np.float64 else np.float32  # the slopes' and sinks' dtype (the contract)
+        keep = np.ones((b, hq, lq, lk), dtype=bool)
+        bias = np.zeros((b, hq, lq, lk), dtype=q.dtype)
+        if mask is not None:
+            mask = np.broadcast_to(np.asarray(mask), (b, hq, lq, lk))
+            keep, bias = (mask, bias) if mask.dtype == np.bool_ else (keep, mask)
+        left, right = (None, None) if window is None else window
+        beyond = rows + keys + abs(int(query_offset)) + 1  # farther than any query from any key
+        slopes = np.zeros((b, hq), floats) if alibi_slopes is None \
+            else np.broadcast_to(np.asarray(alibi_slopes).astype(floats), (b, hq))
+        sink = np.zeros(hq, floats) if learnable_sink is None else np.asarray(learnable_sink).astype(floats)
+        lengths = np.full(b, lk, np.int32) if key_lengths is None else np.asarray(key_lengths).astype(np.int32)
+        pads = np.zeros(b, np.int32) if key_leftpad is None else np.asarray(key_leftpad).astype(np.int32)
+        out = _jitted(JaxNumpy._sdpa_uniform)(
+            _padded(q, (b, hq, rows, dk8)), _padded(k, (b, hkv, keys, dk8)), _padded(v, (b, hkv, keys, dv8)),
+            _padded(keep, (b, hq, rows, keys), False), _padded(bias, (b, hq, rows, keys)),
+            np.float64(1.0 / math.sqrt(dk) if scale is None else scale), np.bool_(is_causal),
+            np.int32(beyond if left is None else left), np.int32(beyond if right is None else right),
+            np.bool_(softcap is not None), np.float64(1.0 if softcap is None else softcap), slopes,
+            np.int32(query_offset), lengths, np.bool_(learnable_sink is not None), sink, np.int32(sink_token_length),
+            np.bool_(attention_chunk is not None), np.int32(1 if attention_chunk is None else attention_chunk), pads)
+        import jax
+
+        # Cut on the host and put back: a slice of a jax array compiles, and so does jnp.asarray of a numpy array.
+        return jax.device_put(np.asarray(out)[:, :, :lq, :dv])
+
+    @staticmethod
+    def _sdpa_uniform(q, k, v, keep, bias, scale, is_causal, left, right, capped, cap, slopes, offset, lengths,
+                      has_sink, sink, sink_tokens, chunked, chunk, pads):
+        """_sdpa with every option an array (_sdpa_in_buckets): each step as there, a neutral value where unused
+        (x + 0, x - 0 * d, a window past every distance, a where() that picks the plain step)."""
+        import jax.numpy as jnp
+
+        group = _head_groups(q, k)
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+        lq, lk = q.shape[-2], k.shape[-2]
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision="highest") * scale.astype(q.dtype)
+        scores = jnp.where(capped, jnp.tanh(scores / cap.astype(q.dtype)) * cap.astype(q.dtype), scores)
+        distance = (offset + jnp.arange(lq))[:, None] - jnp.arange(lk)[None, :]
+        scores = scores - (slopes[:, :, None, None] * jnp.abs(distance).astype(slopes.dtype)).astype(scores.dtype)
+        pad = pads.reshape(-1, 1, 1, 1)
+        key_position = jnp.arange(lk) - pad
+        allowed = (distance >= 0) | ~is_causal
+        allowed = allowed & ((distance <= left) | ((key_position >= 0) & (key_position < sink_tokens)))
+        allowed = allowed & (-distance <= right)
+        query_position = (offset + jnp.arange(lq))[:, None] - pad
+        same_chunk = jnp.floor_divide(key_position, chunk) == jnp.floor_divide(query_position, chunk)
+        allowed = allowed & (same_chunk | ~chunked) & (key_position >= 0)
+        allowed = allowed & (jnp.arange(lk) < lengths.reshape(-1, 1, 1, 1)) & keep
+        scores = jnp.where(allowed, scores + bias, -jnp.inf)
+        row_max = jnp.max(scores, axis=-1, keepdims=True)
+        sink = sink.reshape(1, -1, 1, 1).astype(scores.dtype)
+        with_sink = jnp.maximum(row_max, sink)  # the sink logit joins the maximum and the normaliser
+        e_sink = jnp.exp(scores - with_sink)
+        sunk = e_sink / (jnp.sum(e_sink, axis=-1, keepdims=True) + jnp.exp(sink - with_sink))
+        any_allowed = jnp.isfinite(row_max)
+        e = jnp.exp(scores - jnp.where(any_allowed, row_max, 0))
+        weights = jnp.where(has_sink, sunk, e / jnp.where(any_allowed, jnp.sum(e, axis=-1, keepdims=True), 1))
+        return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
 
     @staticmethod
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
