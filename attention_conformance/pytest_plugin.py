@@ -246,6 +246,7 @@ def pytest_collection_modifyitems(config, items):
         support.deselect_selfcheck_for_user_impls(config, items)
         support.deselect_absent_devices(config, items)
         support.skip_large_shapes_unless_opted_in(config, items)
+        support.order_by_implementation(items)
         support.keep_this_shard(config, items)  # last: the shares are of what every other rule left
 
 

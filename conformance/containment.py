@@ -360,7 +360,7 @@ class Containment:
         """The result as the implementation returned it (or already converted): an array of the right shape and dtype,
         finite wherever the oracle is. Returns it as float64, in the suite's (B, H, L, D) whatever the LAYOUT."""
         __tracebackhide__ = True
-        want_shape = self.impl.layout_shape(case.op, contract_shape(case.op, self._expected_shape(case, inputs)))
+        want_shape = self.impl.output_shape(case.op, contract_shape(case.op, self._expected_shape(case, inputs)))
         if not _is_array(got):
             self.fail(RESULT_CLAUSE, case, inputs,
                       f"returned {_type_words(got)}, expected an array of shape {want_shape} "
@@ -369,11 +369,12 @@ class Containment:
             got = ARRAY_KINDS[self.impl.array].to_numpy(got)
         if got.shape != want_shape:
             clause = SHAPE_CLAUSES.get(case.op, "sdpa.output-shape")
-            in_layout = f" (LAYOUT {self.impl.layout!r}: {LAYOUT_SHAPES[self.impl.layout]})" \
-                if self.impl.layout_inputs(case.op) else ""
+            which = "OUTPUT_LAYOUT" if self.impl.output_layout else "LAYOUT"
+            in_layout = f" ({which} {self.impl.result_layout!r}: {LAYOUT_SHAPES[self.impl.result_layout]})" \
+                if self.impl.output_transposed(case.op) else ""
             self.fail(clause, case, inputs, f"output shape {got.shape}, expected {want_shape}{in_layout}",
                       attribute=False)
-        got = canonical_output(case.op, self.impl.from_layout(case.op, got))
+        got = canonical_output(case.op, self.impl.output_from_layout(case.op, got))
         expected_dtype = self.impl.output_dtype(self.dtype)
         if dtype_name(got.dtype) != expected_dtype and expected_dtype != self.dtype:  # an 8-bit case
             self.fail(

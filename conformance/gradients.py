@@ -63,8 +63,8 @@ def gradients(impl, inputs: dict[str, Any], d_out: np.ndarray, device: str) -> d
         raise ValueError(f"{impl.name}: gradients need an ARRAY whose adapter differentiates "
                          f"({', '.join(differentiable_kinds())}), not {impl.array!r}")
     names = _differentiated(inputs)
-    # q, k, v (and d_out) in the implementation's LAYOUT; the output and dq, dk, dv come back in it and are
-    # transposed to (B, H, L, D) here.
+    # q, k, v in the implementation's LAYOUT, dq, dk, dv back in it; d_out and the output in its output layout
+    # (OUTPUT_LAYOUT, else LAYOUT): each transposed to (B, H, L, D) here.
     primals = {name: kind.to_native(impl.to_layout("sdpa", name, np.asarray(inputs[name])), device) for name in names}
     constant_mask = None
     if "mask" not in names and inputs.get("mask") is not None:
@@ -79,8 +79,8 @@ def gradients(impl, inputs: dict[str, Any], d_out: np.ndarray, device: str) -> d
         return impl.obj.sdpa(q, k, v, **extra)
 
     with kind.precision(inputs):  # JAX: x64 for a float64 case only (implementations/_arrays.py)
-        out, grads = kind.vjp(forward, primals, impl.to_layout("sdpa", "q", np.asarray(d_out)), device)
-    result = {"out": impl.from_layout("sdpa", _to_f64(kind, out))}
+        out, grads = kind.vjp(forward, primals, impl.output_to_layout("sdpa", np.asarray(d_out)), device)
+    result = {"out": impl.output_from_layout("sdpa", _to_f64(kind, out))}
     for name in names:
         gradient = _to_f64(kind, grads.get(name))
         result[GRAD_NAMES[name]] = impl.from_layout("sdpa", gradient) if name in impl.layout_inputs("sdpa") \

@@ -125,7 +125,9 @@ class Judge(Containment, Attribution):
         policy = self.policy(case, inputs)
         return repro(self.impl.spec, case.op, inputs, self.dtype, self.device,
                      policy if isinstance(policy, str) else contract_output(case.op, policy),
-                     layout=self.impl.layout if self.impl.layout_inputs(case.op) else "bhld", arrays_file=arrays_file,
+                     layout=self.impl.layout if self.impl.layout_inputs(case.op) else "bhld",
+                     output_layout=self.impl.result_layout if self.impl.output_transposed(case.op) else "bhld",
+                     arrays_file=arrays_file,
                      alignment=self.alignment if case.op in SEQUENCE_OPS else None)
 
     def replay(self, case: Case) -> None:

@@ -44,7 +44,8 @@ def describe_lines(impl: Implementation) -> list[str]:
     declared = "any of " + ", ".join(ARRAY_KINDS[impl.array].DEVICES) if impl.declared_devices is None \
         else ", ".join(impl.declared_devices)
     matmul = ", ".join(f"{dev}: {mode}" for dev, mode in d["float32_matmul"].items())
-    lines.append(f"    DEVICES={declared} LAYOUT={impl.layout} COMPILED={impl.compiled} GRADIENTS={impl.gradients} "
+    output = f" OUTPUT_LAYOUT={impl.output_layout}" if impl.output_layout else ""
+    lines.append(f"    DEVICES={declared} LAYOUT={impl.layout}{output} COMPILED={impl.compiled} GRADIENTS={impl.gradients} "
                  f"FLOAT32_MATMUL={matmul}")
     if impl.implements("sdpa_varlen") or impl.implements("sdpa_paged"):
         lines.append(f"    SEQUENCE_ALIGNMENT={impl.sequence_alignment} (sdpa_varlen, sdpa_paged)")

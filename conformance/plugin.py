@@ -230,6 +230,24 @@ def deselect_absent_devices(config, items) -> None:
         items[:] = keep
 
 
+def order_by_implementation(items) -> None:
+    """Each implementation's items together (stable within it, in collection order): xdist's worksteal hands each
+    worker a contiguous share of the list, so a worker then compiles, warms up and caches for the implementations
+    of its share only, and steals whole runs of one implementation's items from the other's tail (default run,
+    2 workers: 64 -> 55 s; README "Speed")."""
+    first: dict[str, int] = {}
+    for item in items:
+        first.setdefault(_implementation_of(item), len(first))
+    order = {id(item): (first[_implementation_of(item)], position) for position, item in enumerate(items)}
+    items.sort(key=lambda item: order[id(item)])
+
+
+def _implementation_of(item) -> str:
+    callspec = getattr(item, "callspec", None)
+    impl = callspec.params.get("impl") if callspec else None
+    return getattr(impl, "name", "") if impl is not None else ""
+
+
 def keep_this_shard(config, items) -> None:
     """--shard I/N: the I-th share of the items left after every other deselection (conformance/shards.py)."""
     from . import shards

@@ -190,11 +190,13 @@ def _own_dtype(name: str, value: np.ndarray, dtype: str) -> str:
 
 
 def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: str, policy="zeros",
-          layout: str = "bhld", arrays_file: str | None = None, alignment: str | None = None) -> str:
+          layout: str = "bhld", arrays_file: str | None = None, alignment: str | None = None,
+          output_layout: str | None = None) -> str:
     """A snippet that rebuilds the inputs, calls the implementation and prints its error against the oracle.
 
     ``policy``: the FULLY_MASKED_ROWS policy of the case's fully masked rows, or (B, Hq, Lq) names, one per row.
-    ``layout``: the implementation's LAYOUT; impl.call hands q, k, v over in it and reads the output back.
+    ``layout``: the implementation's LAYOUT; impl.call hands q, k, v over in it. ``output_layout``: the output's
+    (OUTPUT_LAYOUT; None: LAYOUT's), which impl.call reads back.
     ``arrays_file``: read the inputs from this repro file instead of printing them (array_source).
     ``alignment``: the implementation's SEQUENCE_ALIGNMENT, passed to the oracle of sdpa_varlen and sdpa_paged (the
     per-row ``policy`` then in the contract's output form without its last axis).
@@ -220,9 +222,11 @@ def repro(impl_spec: str, op: str, inputs: dict[str, Any], dtype: str, device: s
         else:
             options[name] = value
     array_args = ", ".join(f"{k!r}: {k}" for k in arrays)
+    output_layout = output_layout or layout
     if layout != "bhld":
-        lines.append(f"# impl.call hands q, k, v to the implementation as LAYOUT {layout!r} (B, L, H, D), contiguous, "
-                     "and transposes its output back to (B, H, L, D)")
+        lines.append(f"# impl.call hands q, k, v to the implementation as LAYOUT {layout!r} (B, L, H, D), contiguous")
+    if output_layout != "bhld":
+        lines.append(f"# impl.call reads its output as {output_layout!r} (B, L, H, D) and transposes it to (B, H, L, D)")
     lines.append(f"got = impl.call({op!r}, {{{array_args}}}, {options!r}, device={device!r})")
     oracle_args = ", ".join(f"{k}={k}" for k in arrays) + "".join(f", {k}={v!r}" for k, v in options.items())
     if alignment is not None:

@@ -14,6 +14,7 @@ from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
 from attention_conformance.implementations import deviations
 
 ARRAY = "torch"
+OUTPUT_LAYOUT = "blhd"  # HF's attention functions take (B, H, L, D) and return (B, L, H, D)
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 FULLY_MASKED_ROWS = deviations.LARGE_FINITE_NEGATIVE_ROWS
 _NOTE = f"transformers {transformers.__version__}, eager attention"
@@ -31,4 +32,4 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, softcap=None):
         mask = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~mask, lowest)
     module = SimpleNamespace(num_key_value_groups=q.shape[1] // k.shape[1], head_dim=q.shape[-1], training=False)
     out, _ = eager_attention_forward(module, q, k, v, mask, scaling=scale, softcap=softcap)
-    return out.transpose(1, 2)  # undoes HF's own: its attention functions return (B, Lq, H, D)
+    return out

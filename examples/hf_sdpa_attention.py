@@ -14,6 +14,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from attention_conformance.implementations import deviations
 
 ARRAY = "torch"
+OUTPUT_LAYOUT = "blhd"  # HF's attention functions take (B, H, L, D) and return (B, L, H, D)
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 KNOWN_DEVIATIONS = (deviations.scale_after_masking(note=f"torch's CPU kernel under transformers "
                                                         f"{transformers.__version__}", causal_only=True),)
@@ -28,4 +29,4 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     mask = None if mask is None else mask[(None,) * (4 - mask.dim())]
     module = SimpleNamespace(num_key_value_groups=q.shape[1] // k.shape[1], is_causal=True, training=False)
     out, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=scale, is_causal=is_causal)
-    return out.transpose(1, 2)  # undoes HF's own: its attention functions return (B, Lq, H, D)
+    return out

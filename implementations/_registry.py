@@ -78,6 +78,11 @@ def missing_keywords_message(impl_name: str, op: str, keywords) -> str:
     return f"{impl_name}.{op} has no {', '.join(repr(k) for k in keywords)} parameter"
 
 
+def _layout_names(op: str) -> tuple[str, ...]:
+    """The inputs of ``op`` that LAYOUT orders (and, with OUTPUT_LAYOUT, its output is ordered at all)."""
+    return LAYOUT_INPUTS if op == "sdpa" else (("q",) if op == "sdpa_paged" else ())
+
+
 class ImplementationLoadError(Exception):
     """An --impl that cannot be imported or does not meet the contract; the message is one line."""
 
@@ -92,6 +97,7 @@ class Implementation:
     declared_devices: tuple[str, ...] | None = None
     fully_masked_rows: Any = "zeros"  # a policy, {cause: policy}, {dtype: policy or {cause: ...}}, callable(facts)
     layout: str = "bhld"  # LAYOUT: the axis order of sdpa's q, k, v and output
+    output_layout: str | None = None  # OUTPUT_LAYOUT: the output's, where it differs from LAYOUT's (Hugging Face)
     sequence_alignment: str = "bottom-right"  # SEQUENCE_ALIGNMENT: sdpa_varlen's and sdpa_paged's per-sequence band
     known_deviations: tuple = ()  # ({"clause", "when", "reason"}, ...) declared by the implementation
     spec: str = ""  # how to load it again (module[:attr] or builtin:name), used in repros
@@ -222,12 +228,19 @@ class Implementation:
         return self.fully_masked_rows if isinstance(self.fully_masked_rows, str) else None
 
     # ------------------------------------------------------------ layout
+    @property
+    def result_layout(self) -> str:
+        """The axis order of the output of sdpa and sdpa_paged: OUTPUT_LAYOUT, else LAYOUT."""
+        return self.output_layout or self.layout
+
     def layout_inputs(self, op: str) -> tuple[str, ...]:
-        """The inputs (and, with them, the output) of ``op`` the suite transposes to hand over in LAYOUT: sdpa's q,
-        k, v, and sdpa_paged's q (its caches have a layout of their own, (num_blocks, block_size, Hkv, D))."""
-        if self.layout == "bhld":
-            return ()
-        return LAYOUT_INPUTS if op == "sdpa" else (("q",) if op == "sdpa_paged" else ())
+        """The inputs of ``op`` the suite transposes to hand over in LAYOUT: sdpa's q, k, v, and sdpa_paged's q (its
+        caches have a layout of their own, (num_blocks, block_size, Hkv, D))."""
+        return () if self.layout == "bhld" else _layout_names(op)
+
+    def output_transposed(self, op: str) -> bool:
+        """Whether ``op``'s output comes back in a layout other than (B, H, L, D) (OUTPUT_LAYOUT, else LAYOUT)."""
+        return self.result_layout != "bhld" and bool(_layout_names(op))
 
     def to_layout(self, op: str, name: str, array):
         """A NumPy input of the suite's (B, H, L, D) in the implementation's LAYOUT, C-contiguous (as a framework's
@@ -237,15 +250,28 @@ class Implementation:
         return np.ascontiguousarray(np.swapaxes(array, 1, 2))
 
     def from_layout(self, op: str, array):
-        """A NumPy output (or a gradient of q, k, v) in the implementation's LAYOUT back in the suite's (B, H, L, D).
-        An array that is not 4-d stays as it is (the shape check names it)."""
+        """A NumPy input as handed over (or a gradient of q, k, v) in the implementation's LAYOUT back in the suite's
+        (B, H, L, D). An array that is not 4-d stays as it is."""
         if not self.layout_inputs(op) or array is None or np.ndim(array) != 4:
             return array
         return np.swapaxes(array, 1, 2)
 
-    def layout_shape(self, op: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The shape in the implementation's LAYOUT of a (B, H, L, D) shape of the suite."""
-        if not self.layout_inputs(op) or len(shape) != 4:
+    def output_from_layout(self, op: str, array):
+        """A NumPy output in the implementation's output layout back in the suite's (B, H, L, D). An array that is not
+        4-d stays as it is (the shape check names it)."""
+        if not self.output_transposed(op) or array is None or np.ndim(array) != 4:
+            return array
+        return np.swapaxes(array, 1, 2)
+
+    def output_to_layout(self, op: str, array):
+        """A (B, H, L, D) array shaped like the output (a gradient's d_out) in the output layout, C-contiguous."""
+        if not self.output_transposed(op) or array is None:
+            return array
+        return np.ascontiguousarray(np.swapaxes(array, 1, 2))
+
+    def output_shape(self, op: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape in the implementation's output layout of a (B, H, L, D) output shape of the suite."""
+        if not self.output_transposed(op) or len(shape) != 4:
             return tuple(shape)
         return (shape[0], shape[2], shape[1], shape[3])
 
@@ -266,7 +292,8 @@ class Implementation:
         scalar arguments. Defaults are left out so optional parameters stay optional.
         The suite's judge calls ``call_raw`` instead, to check the result's type first.
         """
-        return self.from_layout(op, ARRAY_KINDS[self.array].to_numpy(self.call_raw(op, arrays, options, device)))
+        return self.output_from_layout(op, ARRAY_KINDS[self.array].to_numpy(self.call_raw(op, arrays, options,
+                                                                                         device)))
 
     def call_raw(self, op: str, arrays: dict[str, Any], options: dict, device: str, passed: dict | None = None):
         """As ``call``, but return the result exactly as the implementation returned it (no conversion, in its LAYOUT).
@@ -309,6 +336,7 @@ class Implementation:
             "operations": {op: self.implements(op) for op in OPERATIONS},
             "fully_masked_rows": _describe_policy(self.fully_masked_rows),
             "layout": self.layout,
+            "output_layout": self.result_layout,
             "sequence_alignment": self.sequence_alignment,
             "known_deviations": [{"clause": d["clause"] if isinstance(d["clause"], str) else ", ".join(d["clause"]),
                                   "reason": d["reason"]} for d in self.known_deviations],
@@ -420,6 +448,11 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         raise ImplementationLoadError(
             f"{spec}: LAYOUT={layout!r} must be one of {list(LAYOUTS)} (sdpa's q, k, v and output as "
             f"{LAYOUT_SHAPES['bhld']} or {LAYOUT_SHAPES['blhd']})")
+    output_layout = getattr(obj, "OUTPUT_LAYOUT", None)
+    if output_layout is not None and (not isinstance(output_layout, str) or output_layout not in LAYOUTS):
+        raise ImplementationLoadError(
+            f"{spec}: OUTPUT_LAYOUT={output_layout!r} must be one of {list(LAYOUTS)} (sdpa's output as "
+            f"{LAYOUT_SHAPES['bhld']} or {LAYOUT_SHAPES['blhd']}, where it differs from LAYOUT's)")
     alignment = getattr(obj, "SEQUENCE_ALIGNMENT", "bottom-right")
     if not isinstance(alignment, str) or alignment not in SEQUENCE_ALIGNMENTS:
         raise ImplementationLoadError(
@@ -466,6 +499,7 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         declared_devices=tuple(devices) if devices is not None else None,
         fully_masked_rows=policy,
         layout=layout,
+        output_layout=None if output_layout == layout else output_layout,
         sequence_alignment=alignment,
         known_deviations=deviations,
         spec=spec,

@@ -1,4 +1,5 @@
-"""LAYOUT "blhd": sdpa's q, k, v and output as (B, L, H, D), handed over contiguous and read back in it.
+"""LAYOUT "blhd": sdpa's q, k, v and output as (B, L, H, D), handed over contiguous and read back in it; OUTPUT_LAYOUT:
+the output's alone, where it differs (Hugging Face's attention functions take (B, H, L, D) and return (B, L, H, D)).
 
 A stand-in that computes in (B, L, H, D) and declares it passes everything its (B, H, L, D) twin passes, forward,
 gradients and dropout included; the same stand-in declaring the default fails, and the failure names
@@ -6,6 +7,7 @@ contract.layout; a repro hands it the layout it takes.
 """
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import types
@@ -109,6 +111,33 @@ class TorchBHLD:
         return TorchSDPA.sdpa(q, k, v, mask, is_causal, scale, dropout_p)
 
 
+class NumpyHFStyle:
+    """(B, H, L, D) in, (B, L, H, D) out, as Hugging Face's attention functions return it; declared."""
+
+    OUTPUT_LAYOUT = "blhd"
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        return np.ascontiguousarray(np.swapaxes(ref.sdpa(q, k, v, mask, is_causal, scale), 1, 2))
+
+
+class NumpyHFStyleUndeclared(NumpyHFStyle):
+    OUTPUT_LAYOUT = None
+
+
+class TorchHFStyle:
+    """torch's SDPA returning (B, L, H, D) from (B, H, L, D) inputs: differentiable, so d_out goes in that layout."""
+
+    ARRAY = "torch"
+    OUTPUT_LAYOUT = "blhd"
+    DTYPES = ("float32", "float64")
+    KNOWN_DEVIATIONS = TorchSDPA.KNOWN_DEVIATIONS
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        return TorchSDPA.sdpa(q, k, v, mask, is_causal, scale).transpose(1, 2)
+
+
 def _sdpa_case(**options) -> Case:
     rng = np.random.default_rng(5)
     inputs = {"q": rng.standard_normal((2, 3, 5, 4)), "k": rng.standard_normal((2, 1, 7, 4)),
@@ -199,3 +228,58 @@ def test_an_unknown_layout_is_a_load_error_naming_the_attribute(layout):
 def test_the_report_shows_the_layout():
     assert load_implementation(f"{SPEC}:NumpyBLHD").describe()["layout"] == "blhd"
     assert load_implementation(f"{SPEC}:NumpyBHLD").describe()["layout"] == "bhld"
+
+
+# ------------------------------------------------------------------ OUTPUT_LAYOUT
+def test_a_declared_output_layout_passes_everything_its_bhld_twin_passes():
+    results = {member: run_battery(load_implementation(f"{SPEC}:{member}"), dtypes=("float64",), max_examples=4,
+                                   brief=True) for member in ("NumpyHFStyle", "NumpyBHLD")}
+    for member, verdicts in results.items():
+        assert not verdicts.errors and not verdicts.failures, (member, verdicts.errors[:3], verdicts.failures[:5])
+    assert results["NumpyHFStyle"].passed == results["NumpyBHLD"].passed > 0
+
+
+def test_an_undeclared_output_layout_is_a_shape_failure(kept_records):
+    judge = Judge(load_implementation(f"{SPEC}:NumpyHFStyleUndeclared"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(_sdpa_case())
+    assert raised.value.clause == "sdpa.output-shape"
+    assert "output shape (2, 5, 3, 2), expected (2, 3, 5, 2)" in str(raised.value)
+
+
+def test_a_wrong_output_layout_names_it(kept_records):
+    declared = dataclasses.replace(load_implementation(f"{SPEC}:NumpyBHLD"), output_layout="blhd")
+    judge = Judge(declared, "float64", "cpu")  # declares (B, L, H, D) out, returns (B, H, L, D)
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(_sdpa_case())
+    assert "expected (2, 5, 3, 2) (OUTPUT_LAYOUT 'blhd': (B, L, H, D))" in str(raised.value)
+
+
+def test_output_layout_gradients_take_d_out_in_it():
+    pytest.importorskip("torch")
+    inputs = dict(_sdpa_case(is_causal=True).rounded("float64"))
+    d_out = np.random.default_rng(1).standard_normal((2, 3, 5, 2))
+    got = {member: gradients(load_implementation(f"{SPEC}:{member}"), inputs, d_out, "cpu")
+           for member in ("TorchHFStyle", "TorchBHLD")}
+    for name in ("out", "dq", "dk", "dv"):
+        np.testing.assert_allclose(got["TorchHFStyle"][name], got["TorchBHLD"][name], rtol=0, atol=1e-12)
+
+
+def test_the_repro_reads_the_output_layout(kept_records):
+    case = _sdpa_case(scale=0.7)
+    snippet = Judge(load_implementation(f"{SPEC}:NumpyHFStyle"), "float64", "cpu")._snippet(case,
+                                                                                          case.rounded("float64"))
+    assert "reads its output as 'blhd'" in snippet and "hands q, k, v" not in snippet
+    done = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = dict(line.rsplit(" ", 1) for line in done.stdout.strip().splitlines())
+    assert float(printed["max abs error"]) < 1e-12, done.stdout
+
+
+def test_output_layout_is_checked_and_reported():
+    with pytest.raises(ImplementationLoadError) as raised:
+        from_object(types.SimpleNamespace(sdpa=NumpyBHLD.sdpa, OUTPUT_LAYOUT="bshd"), "mine", "my_module:mine")
+    assert str(raised.value).startswith("my_module:mine: OUTPUT_LAYOUT='bshd' must be one of ['bhld', 'blhd']")
+    described = load_implementation(f"{SPEC}:NumpyHFStyle").describe()
+    assert (described["layout"], described["output_layout"]) == ("bhld", "blhd")
+    assert load_implementation(f"{SPEC}:NumpyBLHD").describe()["output_layout"] == "blhd"
