@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import tolerances
+from . import oracle, tolerances
 
 # 128 rows keep the Python overhead per step small next to the NumPy work, and
 # every realistic head dimension is >= 64, so the O(L * D) bound holds within 2x.
@@ -295,3 +295,79 @@ def fully_masked_rows(q, k, mask=None, is_causal=False, block: int = DEFAULT_BLO
         bias = block_bias(mask, is_causal, rows, key_range(rows, lk, is_causal))
         empty[:, :, rows] = _empty_rows(bias, batch_heads, rows)[..., 0]
     return empty
+
+
+# ------------------------------------------- variants, packed and paged batches (issue 25)
+# Every variant of the contract is row-local too: query row i sits at position query_offset + i for the causal band,
+# the window, ALiBi and the chunk; the key-side variants (key_lengths, key_leftpad, sink tokens, the learnable sink,
+# softcap) do not look at the row at all. So a block of rows is the same case with q's and the mask's rows cut out
+# and query_offset moved by the block's first row, judged by the unblocked oracle and tolerance model themselves
+# (each step holds a few (B, Hq, block, Lk) arrays). A packed or paged batch is its sequences' sdpa cases
+# (oracle.sequence_cases), each blocked the same way.
+ARRAY_ARGUMENTS = ("q", "k", "v", "mask", "is_causal", "scale")
+
+
+def rows_of(case: dict, rows: slice) -> dict:
+    """An sdpa case (oracle.sdpa's arguments by name, variants included) cut to query rows ``rows``: q's rows and the
+    mask's (an axis of length 1 broadcasts as is), query_offset moved by rows.start, query_lengths counted from it;
+    the key side whole."""
+    part = dict(case, q=case["q"][:, :, rows])
+    mask = case.get("mask")
+    if mask is not None and np.ndim(mask) >= 2 and np.shape(mask)[-2] != 1:
+        part["mask"] = np.asarray(mask)[..., rows, :]
+    part["query_offset"] = int(case.get("query_offset") or 0) + rows.start
+    if case.get("query_lengths") is not None:
+        part["query_lengths"] = np.clip(np.asarray(case["query_lengths"]) - rows.start, 0, rows.stop - rows.start)
+    return part
+
+
+def _split(case: dict) -> tuple[list, dict]:
+    options = dict(case)
+    return [options.pop(name, None) for name in ARRAY_ARGUMENTS], options
+
+
+def case_with_allowed(case: dict, dtype: str, policy: str = "zeros", tf32: bool = False,
+                      block: int = DEFAULT_BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """(``oracle.sdpa``, ``tolerances.sdpa_allowed`` broadcast to it) of an sdpa case with any of the contract's
+    variants, ``block`` query rows at a time. ``case``: float64 arrays by the contract's names (8-bit cases are not
+    blocked: dequantize first)."""
+    (q, k, v, *_), _ = _split(case)
+    expected = np.empty(q.shape[:-1] + (v.shape[-1],))
+    allowed = np.empty_like(expected)
+    for rows in row_blocks(q.shape[2], block):
+        (bq, bk, bv, mask, is_causal, scale), options = _split(rows_of(case, rows))
+        is_causal = bool(is_causal)
+        expected[:, :, rows] = oracle.sdpa(bq, bk, bv, mask, is_causal, scale, policy, **options)
+        allowed[:, :, rows] = tolerances.sdpa_allowed(bq, bk, bv, mask, is_causal, scale, dtype, policy, tf32=tf32,
+                                                      **options)
+    return expected, allowed
+
+
+def case_fully_masked_rows(case: dict, block: int = DEFAULT_BLOCK) -> np.ndarray:
+    """``oracle.fully_masked_rows`` of an sdpa case with variants, block by block: (B, Hq, Lq) boolean."""
+    q = case["q"]
+    empty = np.empty(q.shape[:3], dtype=bool)
+    for rows in row_blocks(q.shape[2], block):
+        (bq, bk, _, mask, is_causal, _), options = _split(rows_of(case, rows))
+        options = {n: x for n, x in options.items() if n not in ("softcap", "alibi_slopes", "query_lengths")}
+        empty[:, :, rows] = oracle.fully_masked_rows(bq, bk, mask, bool(is_causal), **options)
+    return empty
+
+
+def sequences_with_allowed(op: str, inputs: dict, dtype: str, policy: str = "zeros", tf32: bool = False,
+                           alignment: str = "bottom-right", block: int = DEFAULT_BLOCK) -> tuple[np.ndarray, ...]:
+    """(expected, allowed, fully masked rows) of an sdpa_varlen or sdpa_paged case in the judge's form
+    (expected.assemble): each sequence's sdpa case blocked as ``case_with_allowed``. ``inputs``: float64."""
+    from .expected import assemble
+
+    wants, alloweds, empties = [], [], []
+    for one in oracle.sequence_cases(op, inputs, alignment):
+        shape = one["q"].shape[:3] + (one["v"].shape[3],)
+        if shape[2] == 0:
+            want = allowed = np.zeros(shape)
+            empty = np.zeros(shape[:3], dtype=bool)
+        else:
+            want, allowed = case_with_allowed(one, dtype, policy, tf32, block)
+            empty = case_fully_masked_rows(one, block)
+        wants.append(want), alloweds.append(allowed), empties.append(empty)
+    return assemble(op, wants), assemble(op, alloweds), assemble(op, empties)

@@ -1,4 +1,6 @@
-"""Opt-in: sdpa at the sizes kernels ship (Lk up to 16384, head dimension 128).
+"""Opt-in: sdpa at the sizes kernels ship (Lk up to 16384, head dimension 128), with the 2026 variants (a sliding
+window with sink tokens and a learnable sink, chunked attention over left-padded keys, a softcapped ALiBi decode step),
+and packed (sdpa_varlen) and paged (sdpa_paged) batches of long sequences.
 
 Generated property cases stay below 8 tokens so that failures shrink to readable
 examples; bugs of tiling, split-K reductions, index arithmetic or accumulation
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle_blocked
+from attention_conformance.conformance import oracle, oracle_blocked
 from attention_conformance.conformance.cases import Case, widen
 from attention_conformance.conformance.checks import Judge
 from attention_conformance.conformance.plugin import require_device
@@ -126,20 +128,171 @@ def oracle_block(case: Case) -> int:
     return max(1, min(oracle_blocked.DEFAULT_BLOCK, ORACLE_STEP_ELEMENTS // per_row))
 
 
+@dataclass(frozen=True)
+class VariantShape:
+    """One realistic call with the variant keywords of the contract (issue 25)."""
+
+    name: str
+    b: int
+    hq: int
+    hkv: int
+    lq: int
+    lk: int
+    d: int
+    is_causal: bool
+    variants: dict
+    clauses: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        variants = " ".join(f"{n}={v}" for n, v in self.variants.items())
+        return (f"{self.name}: B{self.b} Hq{self.hq}/Hkv{self.hkv} Lq{self.lq} Lk{self.lk} D{self.d}"
+                f"{' causal' if self.is_causal else ''} {variants} seed={SEED}")
+
+
+VARIANT_SHAPES = [
+    # A sliding-window model with StreamingLLM sink tokens and a learnable sink (gpt-oss style): every row past the
+    # window keeps the first 4 keys and sees the window's edge cross key-tile boundaries.
+    VariantShape("sliding-window-sinks", 1, 8, 2, 4096, 4096, 128, True,
+                 {"window": (1023, 0), "sink_token_length": 4, "learnable_sink": "per-head"},
+                 ("sdpa.window", "sdpa.sink-tokens", "sdpa.learnable-sink")),
+    # Chunked local attention over left-padded keys: chunk boundaries at positions counted from each example's first
+    # real key, one past a power of two in length.
+    VariantShape("chunked-left-padded", 2, 4, 4, 4097, 4097, 128, True,
+                 {"attention_chunk": 1024, "key_leftpad": "per-example"},
+                 ("sdpa.attention-chunk", "sdpa.key-leftpad")),
+    # Four query tokens at the end of a 16k cache, softcapped (Gemma 2) with ALiBi, examples of different lengths.
+    VariantShape("decode-softcap-alibi", 4, 8, 1, 4, 16384, 128, True,
+                 {"query_offset": 16380, "softcap": 30.0, "alibi_slopes": "per-head", "key_lengths": "per-example"},
+                 ("sdpa.softcap", "sdpa.alibi", "sdpa.query-offset", "sdpa.varlen")),
+]
+
+
+@dataclass(frozen=True)
+class SequenceShape:
+    """A packed (sdpa_varlen) or paged (sdpa_paged) batch of long sequences (issue 25)."""
+
+    name: str
+    op: str
+    lengths: tuple[tuple[int, int], ...]  # (Lq_b, Lk_b) of each sequence
+    hq: int
+    hkv: int
+    d: int
+    is_causal: bool
+    clauses: tuple[str, ...]
+    block_size: int = 256  # sdpa_paged's page
+
+    @property
+    def label(self) -> str:
+        return (f"{self.name}: {self.op} sequences (Lq, Lk) {list(self.lengths)} Hq{self.hq}/Hkv{self.hkv} D{self.d}"
+                f"{' causal' if self.is_causal else ''} seed={SEED}")
+
+
+SEQUENCE_SHAPES = [
+    # Prefill of four prompts packed into one token axis: a long one, a one-token one, one past a tile, a continuation
+    # with fewer queries than keys (bottom-right alignment matters there).
+    SequenceShape("packed-prefill", "sdpa_varlen", ((4096, 4096), (1, 1), (1025, 1025), (512, 3072)), 8, 2, 128,
+                  True, ("varlen.definition", "varlen.alignment")),
+    # A decode step of four sequences on a paged cache: pages shuffled over the pool, the last page of each partly
+    # filled, one sequence a single key long.
+    SequenceShape("paged-decode", "sdpa_paged", ((1, 16384), (1, 3000), (1, 1), (1, 8191)), 8, 1, 128, True,
+                  ("paged.definition", "paged.block-table", "paged.seqused-k")),
+]
+
+
+def make_variant_case(shape: VariantShape) -> Case:
+    rng = np.random.default_rng(SEED)
+    inputs = {
+        "q": rng.standard_normal((shape.b, shape.hq, shape.lq, shape.d)),
+        "k": rng.standard_normal((shape.b, shape.hkv, shape.lk, shape.d)),
+        "v": rng.standard_normal((shape.b, shape.hkv, shape.lk, shape.d)),
+    }
+    if shape.is_causal:
+        inputs["is_causal"] = True
+    for name, value in shape.variants.items():
+        if value == "per-head":
+            value = rng.uniform(-2.0, 4.0, shape.hq) if name == "learnable_sink" else 2.0 ** -rng.uniform(1, 8, shape.hq)
+        elif value == "per-example":
+            value = (np.array([0] + list(rng.integers(1, 512, shape.b - 1)), dtype=np.int32) if name == "key_leftpad"
+                     else _key_lengths(rng, shape.b, shape.lk).astype(np.int32))
+        inputs[name] = value
+    return Case("sdpa", inputs, shape.clauses, shape.label)
+
+
+def make_sequence_case(shape: SequenceShape) -> Case:
+    rng = np.random.default_rng(SEED)
+    lq = np.array([n for n, _ in shape.lengths])
+    lk = np.array([n for _, n in shape.lengths])
+    if shape.op == "sdpa_varlen":
+        inputs = {
+            "q": rng.standard_normal((int(lq.sum()), shape.hq, shape.d)),
+            "k": rng.standard_normal((int(lk.sum()), shape.hkv, shape.d)),
+            "v": rng.standard_normal((int(lk.sum()), shape.hkv, shape.d)),
+            "cu_seqlens_q": np.concatenate([[0], np.cumsum(lq)]).astype(np.int32),
+            "cu_seqlens_k": np.concatenate([[0], np.cumsum(lk)]).astype(np.int32),
+            "max_seqlen_q": int(lq.max()), "max_seqlen_k": int(lk.max()),
+        }
+    else:
+        pages = -(-lk // shape.block_size)
+        pool = rng.permutation(int(pages.sum()) + 3)  # 3 pages no sequence uses: garbage in the pool
+        table = np.zeros((len(lk), int(pages.max())), dtype=np.int32)
+        start = 0
+        for b, count in enumerate(pages):
+            table[b, :count] = pool[start:start + count]
+            start += count
+        inputs = {
+            "q": rng.standard_normal((len(lq), shape.hq, int(lq.max()), shape.d)),
+            "k_cache": rng.standard_normal((len(pool), shape.block_size, shape.hkv, shape.d)),
+            "v_cache": rng.standard_normal((len(pool), shape.block_size, shape.hkv, shape.d)),
+            "block_table": table, "seqused_k": lk.astype(np.int32),
+        }
+    if shape.is_causal:
+        inputs["is_causal"] = True
+    return Case(shape.op, inputs, shape.clauses, shape.label)
+
+
 # ------------------------------------------------------------------ judge
 class LargeShapeJudge(Judge):
     """Judge's containment, verdicts, failure messages and records, with every oracle call blocked.
 
     Judge's own expected shape, fully-masked rows, specified elements and oracle evaluate
-    the full oracle, which builds (Lq, Lk) arrays (2 GiB each at 16k x 16k); these do not.
+    the full oracle, which builds (Lq, Lk) arrays (2 GiB each at 16k x 16k); these do not. A case with variants, a
+    packed and a paged case go through oracle_blocked's row blocks of the unblocked oracle and tolerance model.
     """
 
     call_timeout = CASE_TIMEOUT_S  # a correct call at Lk 16k takes seconds on a CPU, not the default 30 s limit
+    _blocked: tuple | None = None  # (inputs, policy, expected, allowed, fully masked rows) of the last blocked case
 
     def _expected_shape(self, case: Case, inputs: dict) -> tuple[int, ...]:
+        if case.op == "sdpa_varlen":
+            return (1, inputs["q"].shape[1], inputs["q"].shape[0], inputs["v"].shape[-1])
+        if case.op == "sdpa_paged":
+            return inputs["q"].shape[:-1] + inputs["v_cache"].shape[-1:]
         return inputs["q"].shape[:-1] + inputs["v"].shape[-1:]
 
+    def _through_rows(self, case: Case, inputs: dict, policy: str = "zeros") -> tuple:
+        """(expected, allowed, fully masked rows) of a variant, packed or paged case, computed once per inputs."""
+        last = self._blocked
+        if last is not None and last[0] is inputs and last[1] == policy:
+            return last[2:]
+        a = widen(inputs)
+        if case.op in ("sdpa_varlen", "sdpa_paged"):
+            found = oracle_blocked.sequences_with_allowed(case.op, a, self.dtype, policy, self.tf32, self.alignment,
+                                                          block=oracle_blocked.DEFAULT_BLOCK)
+        else:
+            a.setdefault("is_causal", False)
+            expected, allowed = oracle_blocked.case_with_allowed(a, self.dtype, policy, self.tf32, oracle_block(case))
+            found = (expected, allowed, oracle_blocked.case_fully_masked_rows(a, oracle_block(case)))
+        self._blocked = (inputs, policy, *found)
+        return found
+
+    @staticmethod
+    def _plain(case: Case) -> bool:
+        return case.op == "sdpa" and not oracle.variant_options(case.inputs)
+
     def _fully_masked_rows(self, case: Case, inputs: dict) -> np.ndarray:
+        if not self._plain(case):
+            return self._through_rows(case, inputs)[2] & self.judged_rows(case, inputs)
         # Only shapes and the mask matter: the inputs need no widening.
         return oracle_blocked.fully_masked_rows(inputs["q"], inputs["k"], inputs.get("mask"),
                                                 bool(inputs.get("is_causal", False)), block=oracle_block(case))
@@ -154,6 +307,9 @@ class LargeShapeJudge(Judge):
         return specified
 
     def _oracle(self, case: Case, inputs: dict, policy: str) -> tuple[np.ndarray, np.ndarray]:
+        if not self._plain(case):
+            want, allowed, _ = self._through_rows(case, inputs, policy)
+            return want, np.broadcast_to(allowed, want.shape)
         a = widen(inputs)
         want, allowed = oracle_blocked.sdpa_with_allowed(
             a["q"], a["k"], a["v"], a.get("mask"), a.get("is_causal", False), a.get("scale"),
@@ -167,6 +323,37 @@ class LargeShapeJudge(Judge):
 def test_large_shape(impl, device, dtype, shape):
     require_device(impl, device)
     case = make_case(shape)
+    judge = LargeShapeJudge(impl, dtype, device)
+    got, inputs = judge.run(case)
+    judge.judge(case, got, inputs)
+
+
+@pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=[s.name for s in VARIANT_SHAPES])
+def test_large_variant_shape(impl, device, dtype, shape):
+    require_device(impl, device)
+    case = make_variant_case(shape)
+    judge = LargeShapeJudge(impl, dtype, device)
+    got, inputs = judge.run(case)
+    judge.judge(case, got, inputs)
+
+
+@pytest.mark.op("sdpa_varlen")
+@pytest.mark.parametrize("shape", [s for s in SEQUENCE_SHAPES if s.op == "sdpa_varlen"],
+                         ids=[s.name for s in SEQUENCE_SHAPES if s.op == "sdpa_varlen"])
+def test_large_packed_batch(impl, device, dtype, shape):
+    require_device(impl, device)
+    case = make_sequence_case(shape)
+    judge = LargeShapeJudge(impl, dtype, device)
+    got, inputs = judge.run(case)
+    judge.judge(case, got, inputs)
+
+
+@pytest.mark.op("sdpa_paged")
+@pytest.mark.parametrize("shape", [s for s in SEQUENCE_SHAPES if s.op == "sdpa_paged"],
+                         ids=[s.name for s in SEQUENCE_SHAPES if s.op == "sdpa_paged"])
+def test_large_paged_batch(impl, device, dtype, shape):
+    require_device(impl, device)
+    case = make_sequence_case(shape)
     judge = LargeShapeJudge(impl, dtype, device)
     got, inputs = judge.run(case)
     judge.judge(case, got, inputs)

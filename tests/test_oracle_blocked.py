@@ -200,3 +200,75 @@ def test_the_large_shape_judge_agrees_with_judge(spec, kept_records):
         assert blocked.facts(case, inputs) == full.facts(case, inputs)
 
     agree()
+
+
+# ------------------------------------------- variants, packed and paged batches (issue 25)
+VARIANT_CASES = {
+    "window-causal": dict(is_causal=True, window=(3, 1)),
+    "softcap-alibi": dict(softcap=5.0, alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625])),
+    "offset-window": dict(is_causal=True, query_offset=-3, window=(2, 0)),
+    "lengths": dict(key_lengths=np.array([11, 4]), query_lengths=np.array([9, 5])),
+    "sinks": dict(learnable_sink=np.array([0.5, -1.0, 3.0, 0.0]), sink_token_length=2, window=(2, 0)),
+    "chunk-leftpad": dict(is_causal=True, attention_chunk=4, key_leftpad=np.array([0, 3])),
+    "bool-mask-window": dict(mask="bool", window=(4, 4)),
+    "float-mask-alibi": dict(mask="float", alibi_slopes=np.array([[0.5, 0.1, 0.2, 0.3], [0.0, 1.0, 0.4, 0.6]])),
+}
+
+
+def variant_case(name: str) -> dict:
+    """q (2, 4, 9, 8) against k, v (2, 2, 11, *): GQA, Lq < Lk, rows emptied by the bool mask and the band."""
+    rng = np.random.default_rng(sorted(VARIANT_CASES).index(name))
+    case = {"q": rng.standard_normal((2, 4, 9, 8)) * 2, "k": rng.standard_normal((2, 2, 11, 8)),
+            "v": rng.standard_normal((2, 2, 11, 5)), "is_causal": False, "scale": None, **VARIANT_CASES[name]}
+    if case.get("mask") == "bool":
+        case["mask"] = rng.random((2, 1, 9, 11)) < 0.6
+        case["mask"][0, 0, 2] = False  # a row without keys
+    elif case.get("mask") == "float":
+        case["mask"] = np.where(rng.random((9, 11)) < 0.2, -np.inf, rng.standard_normal((9, 11)))
+    return case
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("block", [1, 4])
+@pytest.mark.parametrize("name", sorted(VARIANT_CASES))
+def test_a_variant_case_blocked_is_the_full_oracle_and_model(name, block, dtype):
+    case = variant_case(name)
+    arrays = [case.get(n) for n in oracle_blocked.ARRAY_ARGUMENTS]
+    options = {n: x for n, x in case.items() if n not in oracle_blocked.ARRAY_ARGUMENTS}
+    for policy in POLICIES:
+        expected, allowed = oracle_blocked.case_with_allowed(case, dtype, policy, block=block)
+        assert_close(expected, oracle.sdpa(*arrays, policy, **options))
+        rtol = RTOL_SIXTEEN_BIT if tolerances.is_sixteen_bit(dtype) else RTOL
+        assert_close(allowed, np.broadcast_to(tolerances.sdpa_allowed(*arrays, dtype, policy, **options),
+                                              expected.shape), rtol)
+    full = oracle.fully_masked_rows(case["q"], case["k"], case.get("mask"), case["is_causal"], **options)
+    assert np.array_equal(oracle_blocked.case_fully_masked_rows(case, block), full)
+    if name in ("bool-mask-window", "offset-window"):
+        assert full.any(), "the case meant to hold rows without keys has none"
+
+
+def test_a_block_moves_the_query_offset_and_counts_query_lengths_from_its_first_row():
+    case = variant_case("lengths") | {"query_offset": 2, "mask": np.zeros((9, 11), dtype=bool)}
+    part = oracle_blocked.rows_of(case, slice(4, 8))
+    assert part["q"].shape[2] == 4 and part["mask"].shape == (4, 11) and part["query_offset"] == 6
+    assert part["query_lengths"].tolist() == [4, 1] and part["k"] is case["k"]
+
+
+@pytest.mark.parametrize("alignment", ["bottom-right", "top-left"])
+@pytest.mark.parametrize("which", ["varlen", "paged"])
+def test_a_packed_or_paged_case_blocked_is_the_full_oracle_and_model(which, alignment):
+    from attention_conformance.conformance.expected import (
+        allowed_error, expected_output, sequence_fully_masked_rows)
+
+    from .test_varlen_paged import packed_case, paged_case
+
+    extra = dict(is_causal=True, window=(1, 0), learnable_sink=np.array([0.3, -0.2]), softcap=4.0)
+    for options in ({"is_causal": True}, extra):
+        case = packed_case(**options) if which == "varlen" else paged_case(**options)
+        for dtype in ("float32", "bfloat16"):
+            want, allowed, empty = oracle_blocked.sequences_with_allowed(case.op, case.inputs, dtype, "zeros",
+                                                                         alignment=alignment, block=1)
+            assert_close(want, expected_output(case, case.inputs, "zeros", alignment))
+            assert_close(allowed, np.broadcast_to(allowed_error(case, case.inputs, dtype, "zeros",
+                                                                alignment=alignment), want.shape), RTOL_SIXTEEN_BIT)
+            assert np.array_equal(empty, sequence_fully_masked_rows(case.op, case.inputs, alignment))
