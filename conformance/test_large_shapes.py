@@ -14,7 +14,7 @@ skipped. Select an implementation and dtype, e.g.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -129,42 +129,31 @@ def oracle_block(case: Case) -> int:
 
 
 @dataclass(frozen=True)
-class VariantShape:
-    """One realistic call with the variant keywords of the contract (issue 25)."""
+class VariantShape(Shape):
+    """One realistic call with the variant keywords of the contract (issue 25): "per-head" and "per-example" values
+    are drawn from the seed."""
 
-    name: str
-    b: int
-    hq: int
-    hkv: int
-    lq: int
-    lk: int
-    d: int
-    is_causal: bool
-    variants: dict
-    clauses: tuple[str, ...]
+    variants: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
-        variants = " ".join(f"{n}={v}" for n, v in self.variants.items())
-        return (f"{self.name}: B{self.b} Hq{self.hq}/Hkv{self.hkv} Lq{self.lq} Lk{self.lk} D{self.d}"
-                f"{' causal' if self.is_causal else ''} {variants} seed={SEED}")
+        return f"{super().label} " + " ".join(f"{n}={v}" for n, v in self.variants.items())
 
 
 VARIANT_SHAPES = [
     # A sliding-window model with StreamingLLM sink tokens and a learnable sink (gpt-oss style): every row past the
     # window keeps the first 4 keys and sees the window's edge cross key-tile boundaries.
-    VariantShape("sliding-window-sinks", 1, 8, 2, 4096, 4096, 128, True,
-                 {"window": (1023, 0), "sink_token_length": 4, "learnable_sink": "per-head"},
-                 ("sdpa.window", "sdpa.sink-tokens", "sdpa.learnable-sink")),
+    VariantShape("sliding-window-sinks", 1, 8, 2, 4096, 4096, 128, "none", True,
+                 ("sdpa.window", "sdpa.sink-tokens", "sdpa.learnable-sink"),
+                 {"window": (1023, 0), "sink_token_length": 4, "learnable_sink": "per-head"}),
     # Chunked local attention over left-padded keys: chunk boundaries at positions counted from each example's first
     # real key, one past a power of two in length.
-    VariantShape("chunked-left-padded", 2, 4, 4, 4097, 4097, 128, True,
-                 {"attention_chunk": 1024, "key_leftpad": "per-example"},
-                 ("sdpa.attention-chunk", "sdpa.key-leftpad")),
+    VariantShape("chunked-left-padded", 2, 4, 4, 4097, 4097, 128, "none", True,
+                 ("sdpa.attention-chunk", "sdpa.key-leftpad"), {"attention_chunk": 1024, "key_leftpad": "per-example"}),
     # Four query tokens at the end of a 16k cache, softcapped (Gemma 2) with ALiBi, examples of different lengths.
-    VariantShape("decode-softcap-alibi", 4, 8, 1, 4, 16384, 128, True,
-                 {"query_offset": 16380, "softcap": 30.0, "alibi_slopes": "per-head", "key_lengths": "per-example"},
-                 ("sdpa.softcap", "sdpa.alibi", "sdpa.query-offset", "sdpa.varlen")),
+    VariantShape("decode-softcap-alibi", 4, 8, 1, 4, 16384, 128, "none", True,
+                 ("sdpa.softcap", "sdpa.alibi", "sdpa.query-offset", "sdpa.varlen"),
+                 {"query_offset": 16380, "softcap": 30.0, "alibi_slopes": "per-head", "key_lengths": "per-example"}),
 ]
 
 
@@ -201,14 +190,8 @@ SEQUENCE_SHAPES = [
 
 
 def make_variant_case(shape: VariantShape) -> Case:
-    rng = np.random.default_rng(SEED)
-    inputs = {
-        "q": rng.standard_normal((shape.b, shape.hq, shape.lq, shape.d)),
-        "k": rng.standard_normal((shape.b, shape.hkv, shape.lk, shape.d)),
-        "v": rng.standard_normal((shape.b, shape.hkv, shape.lk, shape.d)),
-    }
-    if shape.is_causal:
-        inputs["is_causal"] = True
+    rng = np.random.default_rng(SEED + 1)
+    inputs = dict(make_case(shape).inputs)
     for name, value in shape.variants.items():
         if value == "per-head":
             value = rng.uniform(-2.0, 4.0, shape.hq) if name == "learnable_sink" else 2.0 ** -rng.uniform(1, 8, shape.hq)
@@ -319,41 +302,34 @@ class LargeShapeJudge(Judge):
 
 
 # ------------------------------------------------------------------- test
-@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
-def test_large_shape(impl, device, dtype, shape):
+def judge_at_size(impl, device, dtype, case: Case) -> None:
     require_device(impl, device)
-    case = make_case(shape)
     judge = LargeShapeJudge(impl, dtype, device)
     got, inputs = judge.run(case)
     judge.judge(case, got, inputs)
+
+
+def _of_op(op: str) -> list[SequenceShape]:
+    return [s for s in SEQUENCE_SHAPES if s.op == op]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s.name for s in SHAPES])
+def test_large_shape(impl, device, dtype, shape):
+    judge_at_size(impl, device, dtype, make_case(shape))
 
 
 @pytest.mark.parametrize("shape", VARIANT_SHAPES, ids=[s.name for s in VARIANT_SHAPES])
 def test_large_variant_shape(impl, device, dtype, shape):
-    require_device(impl, device)
-    case = make_variant_case(shape)
-    judge = LargeShapeJudge(impl, dtype, device)
-    got, inputs = judge.run(case)
-    judge.judge(case, got, inputs)
+    judge_at_size(impl, device, dtype, make_variant_case(shape))
 
 
 @pytest.mark.op("sdpa_varlen")
-@pytest.mark.parametrize("shape", [s for s in SEQUENCE_SHAPES if s.op == "sdpa_varlen"],
-                         ids=[s.name for s in SEQUENCE_SHAPES if s.op == "sdpa_varlen"])
+@pytest.mark.parametrize("shape", _of_op("sdpa_varlen"), ids=[s.name for s in _of_op("sdpa_varlen")])
 def test_large_packed_batch(impl, device, dtype, shape):
-    require_device(impl, device)
-    case = make_sequence_case(shape)
-    judge = LargeShapeJudge(impl, dtype, device)
-    got, inputs = judge.run(case)
-    judge.judge(case, got, inputs)
+    judge_at_size(impl, device, dtype, make_sequence_case(shape))
 
 
 @pytest.mark.op("sdpa_paged")
-@pytest.mark.parametrize("shape", [s for s in SEQUENCE_SHAPES if s.op == "sdpa_paged"],
-                         ids=[s.name for s in SEQUENCE_SHAPES if s.op == "sdpa_paged"])
+@pytest.mark.parametrize("shape", _of_op("sdpa_paged"), ids=[s.name for s in _of_op("sdpa_paged")])
 def test_large_paged_batch(impl, device, dtype, shape):
-    require_device(impl, device)
-    case = make_sequence_case(shape)
-    judge = LargeShapeJudge(impl, dtype, device)
-    got, inputs = judge.run(case)
-    judge.judge(case, got, inputs)
+    judge_at_size(impl, device, dtype, make_sequence_case(shape))

@@ -239,20 +239,16 @@ def test_a_declared_output_layout_passes_everything_its_bhld_twin_passes():
     assert results["NumpyHFStyle"].passed == results["NumpyBHLD"].passed > 0
 
 
-def test_an_undeclared_output_layout_is_a_shape_failure(kept_records):
-    judge = Judge(load_implementation(f"{SPEC}:NumpyHFStyleUndeclared"), "float64", "cpu")
+@pytest.mark.parametrize("member, declared, message", [
+    ("NumpyHFStyleUndeclared", None, "output shape (2, 5, 3, 2), expected (2, 3, 5, 2)"),
+    ("NumpyBHLD", "blhd", "output shape (2, 3, 5, 2), expected (2, 5, 3, 2) (OUTPUT_LAYOUT 'blhd': (B, L, H, D))"),
+])
+def test_an_output_in_another_layout_than_declared_is_a_shape_failure(kept_records, member, declared, message):
+    impl = load_implementation(f"{SPEC}:{member}")
+    judge = Judge(dataclasses.replace(impl, output_layout=declared) if declared else impl, "float64", "cpu")
     with pytest.raises(ConformanceFailure) as raised:
         judge.check(_sdpa_case())
-    assert raised.value.clause == "sdpa.output-shape"
-    assert "output shape (2, 5, 3, 2), expected (2, 3, 5, 2)" in str(raised.value)
-
-
-def test_a_wrong_output_layout_names_it(kept_records):
-    declared = dataclasses.replace(load_implementation(f"{SPEC}:NumpyBHLD"), output_layout="blhd")
-    judge = Judge(declared, "float64", "cpu")  # declares (B, L, H, D) out, returns (B, H, L, D)
-    with pytest.raises(ConformanceFailure) as raised:
-        judge.check(_sdpa_case())
-    assert "expected (2, 5, 3, 2) (OUTPUT_LAYOUT 'blhd': (B, L, H, D))" in str(raised.value)
+    assert raised.value.clause == "sdpa.output-shape" and message in str(raised.value)
 
 
 def test_output_layout_gradients_take_d_out_in_it():
