@@ -1226,7 +1226,23 @@ class JaxNumpy:
 
     @staticmethod
     def softmax(x, axis=-1):
-        return _jitted(JaxNumpy._softmax, "axis")(x, axis=axis)
+        if _traced(x) or not np.size(x):
+            return _jitted(JaxNumpy._softmax, "axis")(x, axis=axis)
+        return JaxNumpy._softmax_in_buckets(np.asarray(x), axis)
+
+    @staticmethod
+    def _softmax_in_buckets(x: np.ndarray, axis: int):
+        """softmax as one jitted program per bucket of sizes (as _sdpa_in_buckets): the axis moved last and the rest
+        flattened to rows on the host, the rows padded to a power of two (at least 8) and cut off after, the axis
+        padded likewise with -inf, which adds exp(-inf) = 0 to every sum (51 -> 11 XLA compiles over its tests in one process)."""
+        import jax
+
+        moved = np.moveaxis(x, axis, -1)
+        rows = moved.reshape(-1, moved.shape[-1])
+        padded = _padded(rows, (_bucket(rows.shape[0], 8), _bucket(rows.shape[1], 8)), -np.inf)
+        padded[rows.shape[0]:] = 0  # whole padding rows: finite, never read
+        out = np.asarray(_jitted(JaxNumpy._softmax, "axis")(padded, axis=-1))[:rows.shape[0], :rows.shape[1]]
+        return jax.device_put(np.ascontiguousarray(np.moveaxis(out.reshape(moved.shape), -1, axis)))
 
     @staticmethod
     def _softmax(x, axis=-1):
@@ -1265,7 +1281,7 @@ class JaxNumpy:
         """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block): lengths padded on the
         host to the next power of two (at least 8), head dims to a multiple of 8, every option an array, neutral
         where unused, so that neither a new length nor a new window, softcap, offset or mask shape compiles
-        (538 -> 241 XLA compiles over this built-in's tests in one process). The padded keys are removed
+        (its tests in one process: 440 -> 110 sdpa compiles, 74 buckets and 36 of the gradients' traced path). The padded keys are removed
         (key lengths), the padded head-dim columns are zeros (their products add 0), the padded query rows are cut
         off: the same arithmetic on the real rows, up to the order of XLA's sums (within the tolerance model, which
         holds for any order)."""
