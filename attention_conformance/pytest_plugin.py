@@ -231,6 +231,8 @@ def _apply_suite_defaults(config) -> None:
         if line.split(":")[0].split("(")[0] not in present:
             config.addinivalue_line("markers", line)
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:jax.*")
+    if not config.pluginmanager.hasplugin("timeout"):  # its mark is on the large-shape tests; without it, a no-op
+        config.addinivalue_line("markers", "timeout(seconds): pytest-timeout's per-test limit (not installed here)")
     if config.option.reportchars == "fE":  # pytest's default: no -r given
         config.option.reportchars = DEFAULT_REPORT_CHARS
     if config.pluginmanager.hasplugin("timeout") and config.getvalue("timeout") is None \

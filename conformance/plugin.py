@@ -17,7 +17,7 @@ import pytest
 from attention_conformance.implementations import DTYPE_NAMES, Implementation, ImplementationLoadError
 from attention_conformance.implementations import builtin_implementations, load_implementation
 from attention_conformance.implementations._arrays import (ARRAY_KINDS, DECLARABLE_DTYPE_NAMES, EIGHT_BIT_DTYPE_NAMES,
-                                                           device_names)
+                                                           device_names, dtype_unavailable_reason)
 
 from . import repro, session
 from .session import IMPLS_KEY, USER_NAMED_KEY, implementations
@@ -314,7 +314,10 @@ def implementation_params(config, op: str | None, applies_to=None, dtypes=DTYPE_
                     marks.append(pytest.mark.absent_device(device=device, impl=impl.name))
                 params.append(pytest.param(impl, device, None, id=f"{impl.name}-{device}", marks=marks))
                 continue
-            params.extend(pytest.param(impl, device, dtype, id=f"{impl.name}-{device}-{dtype}") for dtype in selected)
+            for dtype in selected:
+                missing = dtype_unavailable_reason(dtype)
+                marks = [pytest.mark.skip(reason=missing)] if missing else []
+                params.append(pytest.param(impl, device, dtype, id=f"{impl.name}-{device}-{dtype}", marks=marks))
     return params
 
 

@@ -66,8 +66,23 @@ class NotDifferentiable(Exception):
     """The implementation's output carries no gradient (detached, or not a framework array)."""
 
 
+def needs_ml_dtypes(name: str) -> bool:
+    """bfloat16 and the 8-bit formats: NumPy knows none of them, ml_dtypes gives their NumPy types."""
+    return name == "bfloat16" or name in EIGHT_BIT_DTYPE_NAMES
+
+
+@functools.cache
+def dtype_unavailable_reason(name: str) -> str | None:
+    """Why the suite cannot make test inputs of dtype ``name`` here (None: it can). ml_dtypes is a dependency of the
+    suite, but an environment that lacks it still runs every other dtype: these are skipped with this reason."""
+    if not needs_ml_dtypes(name):
+        return None
+    missing = _import_reason("ml_dtypes")
+    return f"{name} needs ml_dtypes ({missing}; pip install ml_dtypes)" if missing else None
+
+
 def numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16" or name in EIGHT_BIT_DTYPE_NAMES:  # NumPy knows neither: ml_dtypes' types
+    if needs_ml_dtypes(name):
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, name))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -48,6 +49,20 @@ def test_xdist_can_be_left_out():
                "-p", "no:cacheprovider", "-p", "no:xdist")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "passed" in done.stdout and "workers" not in done.stdout
+
+
+def test_without_ml_dtypes_the_other_dtypes_run_and_bfloat16_is_skipped_with_its_reason():
+    """ml_dtypes is a dependency, but a Python that lacks it (a system interpreter with pytest and NumPy) collects
+    and runs: bfloat16 and the 8-bit dtypes are skipped naming it; collection once crashed (INTERNALERROR) checking
+    the FP8 fixtures' values."""
+    code = ("import sys; sys.modules['ml_dtypes'] = None; import pytest; "  # None in sys.modules: ImportError
+            "sys.exit(pytest.main(['conformance/test_fixtures.py', 'conformance/test_fp8.py', '--impl', "
+            "'builtin:numpy_native', '-q', '-n', '0', '-p', 'no:cacheprovider', '-rs']))")
+    done = run("-c", code)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "INTERNALERROR" not in done.stdout + done.stderr
+    assert re.search(r"\d+ passed", done.stdout.splitlines()[-1]), done.stdout[-2000:]
+    assert re.search(r"\d+ x bfloat16 needs ml_dtypes \(ml_dtypes is not importable", done.stdout), done.stdout[-3000:]
 
 
 def test_missing_spec_data_is_a_loud_error(tmp_path):
