@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import oracle, tolerances
+from .expected import assemble
 
 # 128 rows keep the Python overhead per step small next to the NumPy work, and
 # every realistic head dimension is >= 64, so the O(L * D) bound holds within 2x.
@@ -358,8 +359,6 @@ def sequences_with_allowed(op: str, inputs: dict, dtype: str, policy: str = "zer
                            alignment: str = "bottom-right", block: int = DEFAULT_BLOCK) -> tuple[np.ndarray, ...]:
     """(expected, allowed, fully masked rows) of an sdpa_varlen or sdpa_paged case in the judge's form
     (expected.assemble): each sequence's sdpa case blocked as ``case_with_allowed``. ``inputs``: float64."""
-    from .expected import assemble
-
     wants, alloweds, empties = [], [], []
     for one in oracle.sequence_cases(op, inputs, alignment):
         shape = one["q"].shape[:3] + (one["v"].shape[3],)
@@ -369,5 +368,7 @@ def sequences_with_allowed(op: str, inputs: dict, dtype: str, policy: str = "zer
         else:
             want, allowed = case_with_allowed(one, dtype, policy, tf32, block)
             empty = case_fully_masked_rows(one, block)
-        wants.append(want), alloweds.append(allowed), empties.append(empty)
+        wants.append(want)
+        alloweds.append(allowed)
+        empties.append(empty)
     return assemble(op, wants), assemble(op, alloweds), assemble(op, empties)

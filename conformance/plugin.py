@@ -238,8 +238,7 @@ def order_by_implementation(items) -> None:
     first: dict[str, int] = {}
     for item in items:
         first.setdefault(_implementation_of(item), len(first))
-    order = {id(item): (first[_implementation_of(item)], position) for position, item in enumerate(items)}
-    items.sort(key=lambda item: order[id(item)])
+    items.sort(key=lambda item: first[_implementation_of(item)])  # a stable sort: collection order within each
 
 
 def _implementation_of(item) -> str:

@@ -22,6 +22,7 @@ import pytest
 from attention_conformance.conformance import oracle, oracle_blocked
 from attention_conformance.conformance.cases import Case, widen
 from attention_conformance.conformance.checks import Judge
+from attention_conformance.conformance.expected import SEQUENCE_OPS
 from attention_conformance.conformance.plugin import require_device
 
 # A float64 NumPy judge at Lk = 16384 plus a slow implementation (a 16-bit type
@@ -259,11 +260,10 @@ class LargeShapeJudge(Judge):
         if last is not None and last[0] is inputs and last[1] == policy:
             return last[2:]
         a = widen(inputs)
-        if case.op in ("sdpa_varlen", "sdpa_paged"):
+        if case.op in SEQUENCE_OPS:
             found = oracle_blocked.sequences_with_allowed(case.op, a, self.dtype, policy, self.tf32, self.alignment,
                                                           block=oracle_blocked.DEFAULT_BLOCK)
         else:
-            a.setdefault("is_causal", False)
             expected, allowed = oracle_blocked.case_with_allowed(a, self.dtype, policy, self.tf32, oracle_block(case))
             found = (expected, allowed, oracle_blocked.case_fully_masked_rows(a, oracle_block(case)))
         self._blocked = (inputs, policy, *found)
@@ -274,8 +274,9 @@ class LargeShapeJudge(Judge):
         return case.op == "sdpa" and not oracle.variant_options(case.inputs)
 
     def _fully_masked_rows(self, case: Case, inputs: dict) -> np.ndarray:
-        if not self._plain(case):
-            return self._through_rows(case, inputs)[2] & self.judged_rows(case, inputs)
+        if not self._plain(case):  # under the policy _oracle will ask for (one declared for all): one blocked pass
+            return self._through_rows(case, inputs, self.impl.uniform_policy or "zeros")[2] \
+                & self.judged_rows(case, inputs)
         # Only shapes and the mask matter: the inputs need no widening.
         return oracle_blocked.fully_masked_rows(inputs["q"], inputs["k"], inputs.get("mask"),
                                                 bool(inputs.get("is_causal", False)), block=oracle_block(case))

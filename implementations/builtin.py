@@ -1276,43 +1276,57 @@ class JaxNumpy:
             attention_chunk=None if attention_chunk is None else int(attention_chunk), key_leftpad=key_leftpad)
 
     @staticmethod
-    def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, *, window, softcap, alibi_slopes, query_offset,
-                         key_lengths, learnable_sink, sink_token_length, attention_chunk, key_leftpad):
+    def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, **variants):
         """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block): lengths padded on the
         host to the next power of two (at least 8), head dims to a multiple of 8, every option an array, neutral
         where unused, so that neither a new length nor a new window, softcap, offset or mask shape compiles
-        (its tests in one process: 440 -> 110 sdpa compiles, 74 buckets and 36 of the gradients' traced path). The padded keys are removed
-        (key lengths), the padded head-dim columns are zeros (their products add 0), the padded query rows are cut
-        off: the same arithmetic on the real rows, up to the order of XLA's sums (within the tolerance model, which
-        holds for any order)."""
+        (its tests in one process: 440 -> 110 sdpa compiles, 74 buckets and 36 of the gradients' traced path). The
+        padded keys are removed (key lengths), the padded head-dim columns are zeros (their products add 0), the
+        padded query rows are cut off: the same arithmetic on the real rows, up to the order of XLA's sums (within
+        the tolerance model, which holds for any order)."""
+        import jax
+
         q, k, v = (np.asarray(x) for x in (q, k, v))
         (b, hq, lq, dk), (hkv, lk, dv) = q.shape, (k.shape[1], k.shape[2], v.shape[3])
         rows, keys, dk8, dv8 = _bucket(lq, 8), _bucket(lk, 8), -(-dk // 8) * 8, -(-dv // 8) * 8
-        floats = np.float64 if q.dtype == np.float64 else np.float32  # the slopes' and sinks' dtype (the contract)
-        keep = np.ones((b, hq, lq, lk), dtype=bool)
-        bias = np.zeros((b, hq, lq, lk), dtype=q.dtype)
-        if mask is not None:
-            mask = np.broadcast_to(np.asarray(mask), (b, hq, lq, lk))
-            keep, bias = (mask, bias) if mask.dtype == np.bool_ else (keep, mask)
-        left, right = (None, None) if window is None else window
-        beyond = rows + keys + abs(int(query_offset)) + 1  # farther than any query from any key
-        slopes = np.zeros((b, hq), floats) if alibi_slopes is None \
-            else np.broadcast_to(np.asarray(alibi_slopes).astype(floats), (b, hq))
-        sink = np.zeros(hq, floats) if learnable_sink is None else np.asarray(learnable_sink).astype(floats)
-        lengths = np.full(b, lk, np.int32) if key_lengths is None else np.asarray(key_lengths).astype(np.int32)
-        pads = np.zeros(b, np.int32) if key_leftpad is None else np.asarray(key_leftpad).astype(np.int32)
-        out = _jitted(JaxNumpy._sdpa_uniform)(
-            _padded(q, (b, hq, rows, dk8)), _padded(k, (b, hkv, keys, dk8)), _padded(v, (b, hkv, keys, dv8)),
-            _padded(keep, (b, hq, rows, keys), False), _padded(bias, (b, hq, rows, keys)),
-            np.float64(1.0 / math.sqrt(dk) if scale is None else scale), np.bool_(is_causal),
-            np.int32(beyond if left is None else left), np.int32(beyond if right is None else right),
-            np.bool_(softcap is not None), np.float64(1.0 if softcap is None else softcap), slopes,
-            np.int32(query_offset), lengths, np.bool_(learnable_sink is not None), sink, np.int32(sink_token_length),
-            np.bool_(attention_chunk is not None), np.int32(1 if attention_chunk is None else attention_chunk), pads)
-        import jax
-
+        options = JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal, scale,
+                                            rows=rows, keys=keys, **variants)
+        out = _jitted(JaxNumpy._sdpa_uniform)(_padded(q, (b, hq, rows, dk8)), _padded(k, (b, hkv, keys, dk8)),
+                                              _padded(v, (b, hkv, keys, dv8)), *options)
         # Cut on the host and put back: a slice of a jax array compiles, and so does jnp.asarray of a numpy array.
         return jax.device_put(np.asarray(out)[:, :, :lq, :dv])
+
+    @staticmethod
+    def _uniform_options(xp, q, k, mask, is_causal, scale, *, window=None, softcap=None, alibi_slopes=None,
+                         query_offset=0, key_lengths=None, learnable_sink=None, sink_token_length=0,
+                         attention_chunk=None, key_leftpad=None, rows=None, keys=None) -> tuple:
+        """_sdpa_uniform's arguments after q, k, v, arrays of ``xp`` (NumPy on the host, jax.numpy under a trace),
+        each neutral where its option is unused; the mask as keep (bool) and bias (float) of (B, Hq, rows, keys),
+        False and 0 past the real queries and keys (a bucket's padding; rows and keys default to Lq and Lk)."""
+        (b, hq, lq, dk), lk = q.shape, k.shape[2]
+        rows, keys = rows or lq, keys or lk
+        floats = np.float64 if q.dtype == np.float64 else np.float32  # the slopes' and sinks' dtype (the contract)
+        keep, bias = xp.ones((b, hq, lq, lk), dtype=bool), xp.zeros((b, hq, lq, lk), dtype=q.dtype)
+        if mask is not None:
+            mask = xp.broadcast_to(mask, (b, hq, lq, lk))
+            keep, bias = (mask, bias) if mask.dtype == np.bool_ else (keep, mask)
+        if (rows, keys) != (lq, lk):
+            keep, bias = _padded(keep, (b, hq, rows, keys), False), _padded(bias, (b, hq, rows, keys))
+        left, right = (None, None) if window is None else window
+        beyond = rows + keys + abs(int(query_offset)) + 1  # farther than any query from any key
+        slopes = xp.zeros((b, hq), floats) if alibi_slopes is None \
+            else xp.broadcast_to(xp.asarray(alibi_slopes).astype(floats), (b, hq))
+        sink = xp.zeros(hq, floats) if learnable_sink is None \
+            else _sink_4d(xp.asarray(learnable_sink), hq).reshape(hq).astype(floats)
+        lengths = xp.full(b, lk, np.int32) if key_lengths is None else xp.asarray(key_lengths).astype(np.int32)
+        pads = xp.zeros(b, np.int32) if key_leftpad is None else xp.asarray(key_leftpad).astype(np.int32)
+        integer = functools.partial(xp.asarray, dtype=np.int32)
+        return (keep, bias, xp.asarray(1.0 / math.sqrt(dk) if scale is None else scale), xp.asarray(bool(is_causal)),
+                integer(beyond if left is None else left), integer(beyond if right is None else right),
+                xp.asarray(softcap is not None), xp.asarray(1.0 if softcap is None else softcap), slopes,
+                integer(query_offset), lengths, xp.asarray(learnable_sink is not None), sink,
+                integer(sink_token_length), xp.asarray(attention_chunk is not None),
+                integer(1 if attention_chunk is None else attention_chunk), pads)
 
     @staticmethod
     def _sdpa_uniform(q, k, v, keep, bias, scale, is_causal, left, right, capped, cap, slopes, offset, lengths,
@@ -1324,6 +1338,7 @@ class JaxNumpy:
         group = _head_groups(q, k)
         k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
         lq, lk = q.shape[-2], k.shape[-2]
+        # precision HIGHEST: float32 matmuls at float32 precision on GPUs too (JAX's default there is TF32).
         scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision="highest") * scale.astype(q.dtype)
         scores = jnp.where(capped, jnp.tanh(scores / cap.astype(q.dtype)) * cap.astype(q.dtype), scores)
         distance = (offset + jnp.arange(lq))[:, None] - jnp.arange(lk)[None, :]
@@ -1352,59 +1367,15 @@ class JaxNumpy:
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
               query_offset=0, key_lengths=None, learnable_sink=None, sink_token_length=0, attention_chunk=None,
               key_leftpad=None):
+        """The traced body (gradients, multi_head_attention; inside their jit, structure static): _sdpa_uniform
+        unpadded, its options jax arrays."""
         import jax.numpy as jnp
 
-        group = _head_groups(q, k)
-        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
-        lq, lk = q.shape[-2], k.shape[-2]
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        # precision HIGHEST: float32 matmuls at float32 precision on GPUs too (JAX's default there is TF32).
-        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, precision="highest") * jnp.asarray(scale, q.dtype)
-        if softcap is not None:
-            scores = jnp.tanh(scores / softcap) * softcap
-        distance = (query_offset + jnp.arange(lq))[:, None] - jnp.arange(lk)[None, :]
-        if alibi_slopes is not None:
-            bias = _slopes_4d(alibi_slopes, q.shape[1]) * jnp.abs(distance).astype(alibi_slopes.dtype)
-            scores = scores - bias.astype(scores.dtype)
-        allowed = jnp.ones((1, 1, lq, lk), dtype=bool)
-        if is_causal:
-            allowed = allowed & (distance >= 0)
-        left, right = window if window is not None else (None, None)
-        # Positions from the first real key (sdpa.key-leftpad): the key's only where the chunk and the sink tokens
-        # need them; distances do not move.
-        pad = 0 if key_leftpad is None else key_leftpad.reshape(-1, 1, 1, 1)
-        key_position = jnp.arange(lk) - pad
-        if left is not None:
-            within = distance <= left
-            if sink_token_length:
-                within = within | ((key_position >= 0) & (key_position < sink_token_length))
-            allowed = allowed & within
-        if right is not None:
-            allowed = allowed & (-distance <= right)
-        if attention_chunk is not None:
-            query_position = (query_offset + jnp.arange(lq))[:, None] - pad
-            allowed = allowed & (jnp.floor_divide(key_position, attention_chunk)
-                                 == jnp.floor_divide(query_position, attention_chunk))
-        if key_leftpad is not None:
-            allowed = allowed & (key_position >= 0)
-        if key_lengths is not None:
-            allowed = allowed & (jnp.arange(lk) < key_lengths.reshape(-1, 1, 1, 1))
-        if mask is not None and mask.dtype == jnp.bool_:
-            allowed = allowed & mask
-        elif mask is not None:
-            scores = scores + mask
-        scores = jnp.where(allowed, scores, -jnp.inf)
-        row_max = jnp.max(scores, axis=-1, keepdims=True)
-        if learnable_sink is not None:  # the sink logit joins the maximum and the normaliser
-            sink = _sink_4d(learnable_sink, q.shape[1]).astype(scores.dtype)
-            row_max = jnp.maximum(row_max, sink)
-            e = jnp.exp(scores - row_max)
-            weights = e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - row_max))
-            return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
-        any_allowed = jnp.isfinite(row_max)
-        e = jnp.exp(scores - jnp.where(any_allowed, row_max, 0))
-        weights = e / jnp.where(any_allowed, jnp.sum(e, axis=-1, keepdims=True), 1)
-        return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
+        options = JaxNumpy._uniform_options(
+            jnp, q, k, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+            query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
+            sink_token_length=sink_token_length, attention_chunk=attention_chunk, key_leftpad=key_leftpad)
+        return JaxNumpy._sdpa_uniform(q, k, v, *options)
 
     @staticmethod
     def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
