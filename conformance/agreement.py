@@ -17,8 +17,12 @@ _OUTPUTS: dict[tuple[str, str], dict[str, np.ndarray]] = defaultdict(dict)  # (d
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+KEPT: list[tuple[tuple[str, str], str]] = []  # ((dtype, case), name) of each keep, in order (for transport.stream)
+
+
 def keep(case_label: str, impl_name: str, device: str, dtype: str, output: np.ndarray) -> None:
     _OUTPUTS[(dtype, case_label)][f"{impl_name}@{device}"] = output
+    KEPT.append(((dtype, case_label), f"{impl_name}@{device}"))
 
 
 def _ordinal(values: np.ndarray, dtype: str) -> np.ndarray:

@@ -152,6 +152,11 @@ def _host_floats(x) -> np.ndarray:
     return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(np.float64)
 
 
+# jax_numpy's sdpa buckets: a case whose padded batch, heads and lengths hold at most this many scores is padded
+# further, to at least 4 batch entries, kv heads and query heads per kv head (JaxNumpy._sdpa_in_buckets).
+SMALL_BUCKET_SCORES = 2**16
+
+
 def _bucket(n: int, least: int) -> int:
     """The bucket a size is padded to for a compiling path: the next power of two, at least ``least``, so that XLA
     compiles once per bucket, not once per packed length or cache size (what serving stacks do for CUDA graphs)."""
@@ -1277,24 +1282,43 @@ class JaxNumpy:
 
     @staticmethod
     def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, **variants):
-        """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block): lengths padded on the
-        host to the next power of two (at least 8), head dims to a multiple of 8, every option an array, neutral
-        where unused, so that neither a new length nor a new window, softcap, offset or mask shape compiles
-        (its tests in one process: 440 -> 110 sdpa compiles, 74 buckets and 36 of the gradients' traced path). The
+        """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block): lengths and head dims
+        padded on the host to the next power of two (at least 32), the batch, the kv heads and the query heads per
+        kv head each to a power of two (at least 4 for a small case), every option an array, neutral where unused, so that
+        neither a new length, head count, window, softcap, offset or mask shape compiles (its tests in one process:
+        440 -> 110 sdpa compiles with lengths and head dims padded; then, with batch and heads padded and
+        multi_head_attention on the same buckets, all of jax_numpy's compiles 232 -> 121, cold 60 -> 28 s). The
         padded keys are removed (key lengths), the padded head-dim columns are zeros (their products add 0), the
-        padded query rows are cut off: the same arithmetic on the real rows, up to the order of XLA's sums (within
-        the tolerance model, which holds for any order)."""
+        padded query rows, heads and batch entries (every key removed: zeros) are cut off: the same arithmetic on the
+        real rows, up to the order of XLA's sums (within the tolerance model, which holds for any order)."""
         import jax
 
         q, k, v = (np.asarray(x) for x in (q, k, v))
         (b, hq, lq, dk), (hkv, lk, dv) = q.shape, (k.shape[1], k.shape[2], v.shape[3])
-        rows, keys, dk8, dv8 = _bucket(lq, 8), _bucket(lk, 8), -(-dk // 8) * 8, -(-dv // 8) * 8
-        options = JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal, scale,
-                                            rows=rows, keys=keys, **variants)
-        out = _jitted(JaxNumpy._sdpa_uniform)(_padded(q, (b, hq, rows, dk8)), _padded(k, (b, hkv, keys, dk8)),
-                                              _padded(v, (b, hkv, keys, dv8)), *options)
+        group = _head_groups(q, k)
+        rows, keys, dk8, dv8 = _bucket(lq, 32), _bucket(lk, 32), _bucket(dk, 32), _bucket(dv, 32)
+        # A small case also gets at least 4 batch entries, kv heads and query heads per kv head (at most 2^16
+        # scores): the small properties' and fixtures' many head layouts then share a few programs.
+        least = 4 if rows * keys * _bucket(b, 4) * _bucket(hkv, 4) * _bucket(group, 4) <= SMALL_BUCKET_SCORES else 1
+        b2, hkv2, group2 = _bucket(b, least), _bucket(hkv, least), _bucket(group, least)
+        options = list(JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal,
+                                                 scale, rows=rows, keys=keys, **variants))
+
+        def heads(x, fill=0):  # (b, hq, ...) -> (b2, hkv2 * group2, ...), query head h = kv head h // group2
+            x = _padded(x.reshape((b, hkv, group) + x.shape[2:]), (b2, hkv2, group2) + x.shape[2:], fill)
+            return x.reshape((b2, hkv2 * group2) + x.shape[3:])
+
+        # keep, bias (B, Hq, rows, keys); slopes (B, Hq); key lengths and left pads (B,); sinks (Hq,): see
+        # _uniform_options. A padded head or batch entry keeps no key.
+        options[0], options[1], options[8] = heads(options[0], False), heads(options[1]), heads(options[8])
+        options[10], options[16] = _padded(options[10], (b2,)), _padded(options[16], (b2,))
+        options[12] = heads(np.broadcast_to(options[12], (b, hq)))[0]
+        out = _jitted(JaxNumpy._sdpa_uniform)(
+            heads(_padded(q, (b, hq, rows, dk8))),
+            _padded(k, (b2, hkv2, keys, dk8)), _padded(v, (b2, hkv2, keys, dv8)), *options)
         # Cut on the host and put back: a slice of a jax array compiles, and so does jnp.asarray of a numpy array.
-        return jax.device_put(np.asarray(out)[:, :, :lq, :dv])
+        out = np.asarray(out).reshape(b2, hkv2, group2, rows, dv8)[:b, :hkv, :group, :lq, :dv]
+        return jax.device_put(np.ascontiguousarray(out.reshape(b, hq, lq, dv)))
 
     @staticmethod
     def _uniform_options(xp, q, k, mask, is_causal, scale, *, window=None, softcap=None, alibi_slopes=None,
@@ -1389,9 +1413,48 @@ class JaxNumpy:
                          learnable_sink=learnable_sink, sink_token_length=int(sink_token_length),
                          attention_chunk=None if attention_chunk is None else int(attention_chunk),
                          key_leftpad=key_leftpad)
+        if not _traced(query, key, value, mask, *params.values()):
+            return JaxNumpy._mha_in_buckets(query, key, value, params, num_heads, mask, is_causal, **variants)
         # The projections too: "highest" makes every float32 matmul of the traced program full precision.
         with jax.default_matmul_precision("highest"):
             return _jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal, **variants)
+
+    @staticmethod
+    def _mha_in_buckets(query, key, value, params, num_heads, mask, is_causal, **variants):
+        """multi_head_attention on concrete arrays from bucketed programs, as sdpa: each projection one jitted
+        matmul per bucket (_project_in_buckets), the heads split and merged on the host, the heads' attention
+        _sdpa_in_buckets (whose buckets the sdpa tests share). Over its tests in one process: 76 XLA compiles (one
+        per distinct shape of the whole pipeline) -> 8 projection programs, the attention in sdpa's buckets."""
+        import jax
+
+        params = {name: np.asarray(array) for name, array in params.items()}
+
+        def project(x, name):
+            return JaxNumpy._project_in_buckets(np.asarray(x), params["w_" + name], params.get("b_" + name))
+
+        q, k, v = (_split_heads(project(x, name), num_heads, np) for x, name in ((query, "q"), (key, "k"),
+                                                                                (value, "v")))
+        context = np.asarray(JaxNumpy._sdpa_in_buckets(q, k, v, mask, is_causal, None, **variants))
+        return jax.device_put(project(_merge_heads(context, np), "o"))
+
+    @staticmethod
+    def _project_in_buckets(x: np.ndarray, weight: np.ndarray, bias) -> np.ndarray:
+        """x @ weight + bias in x's dtype, one jitted program per bucket: the rows (every leading axis) padded to a
+        power of two (at least 32), both widths likewise; the padding is zeros, which add nothing to a
+        dot product, and is cut off on the host."""
+        rows = x.reshape(-1, x.shape[-1])
+        (n, e), f = rows.shape, weight.shape[1]
+        n2, e8, f8 = _bucket(n, 32), _bucket(e, 32), _bucket(f, 32)
+        bias = np.zeros(f8, weight.dtype) if bias is None else _padded(np.asarray(bias), (f8,))
+        out = _jitted(JaxNumpy._affine)(_padded(rows, (n2, e8)), _padded(weight, (e8, f8)), bias)
+        return np.asarray(out)[:n, :f].reshape(x.shape[:-1] + (f,))
+
+    @staticmethod
+    def _affine(x, weight, bias):
+        import jax.numpy as jnp
+
+        # precision HIGHEST: float32 matmuls at float32 precision on GPUs too (JAX's default there is TF32).
+        return jnp.matmul(x, weight, precision="highest") + bias
 
     # Packed and paged batches (issue 25): one jitted program each, whatever the variants (every option an array,
     # neutral where unused), fed arrays padded on the host to bucket sizes (_bucket; head dims to a multiple of 8,

@@ -386,12 +386,13 @@ def test_a_worker_streams_its_records_and_the_controller_reads_those_it_never_re
     """After each item a worker appends what it judged to its stream; a worker that never delivered its
     workeroutput (interrupted, crashed) is read from it; one that did is not read twice."""
     monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
+    monkeypatch.setattr(agreement, "KEPT", [])
     monkeypatch.setattr(environment, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
     monkeypatch.setattr(transport, "RECEIVED", {"gw1"})
     monkeypatch.setattr(transport, "_DIRECTORY", {"path": str(tmp_path)})
     first, second = _record(case="a"), _record("failed", "[c] x", case="b", ratio=float("inf"), shapes={"q": (1, 2)})
     for worker in ("gw0", "gw1"):
-        monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": {}, "environment": None,
+        monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": 0, "environment": None,
                                                    "failed": False})
         config = SimpleNamespace(workerinput={transport.STREAM_KEY: str(tmp_path), "workerid": worker})
         checks.RECORDS[:] = [first]
@@ -416,13 +417,14 @@ def test_a_worker_whose_stream_is_whole_sends_its_count_and_the_controller_reads
     """execnet's serialiser is slow: a worker sends how many records its stream holds, not the records, unless the
     stream stopped mirroring its records (a self-check put some back) or could not be written."""
     monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
+    monkeypatch.setattr(agreement, "KEPT", [])
     monkeypatch.setattr(environment, "WORKER_ENVIRONMENT", {"versions": {}, "devices": {}})
     monkeypatch.setattr(transport, "RECEIVED", set())
     monkeypatch.setattr(transport, "_DIRECTORY", {"path": str(tmp_path)})
     first, second = _record(case="a"), _record("failed", "[c] x", case="b", ratio=float("inf"))
     nodes = []
     for worker, put_back in (("gw0", False), ("gw1", True)):
-        monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": {}, "environment": None,
+        monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": 0, "environment": None,
                                                    "failed": False})
         config = SimpleNamespace(workerinput={transport.STREAM_KEY: str(tmp_path), "workerid": worker},
                                  workeroutput={})

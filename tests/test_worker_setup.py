@@ -174,3 +174,19 @@ def test_a_test_that_does_not_apply_is_skipped_at_collection_not_expected_judged
     (mark,) = params["torch_like-cpu"].marks
     assert mark.kwargs["reason"] == "torch_like declares GRADIENTS = False (a forward-only sdpa)"
     assert params["torch_like-cpu"].values == (impl, "cpu", None)
+
+
+def test_after_an_item_that_imported_modules_every_live_object_is_frozen(monkeypatch):
+    # A framework's first use imports millions of objects that every full collection would scan again.
+    import gc
+
+    monkeypatch.setattr(plugin, "_MODULES_AT_FREEZE", [0])
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(len(sys.modules)))
+    plugin.freeze_after_imports()
+    assert frozen == [len(sys.modules)]
+    plugin.freeze_after_imports()  # no new module: nothing to freeze
+    assert len(frozen) == 1
+    monkeypatch.setitem(sys.modules, "an_imported_framework", SimpleNamespace())
+    plugin.freeze_after_imports()
+    assert frozen[-1] == len(sys.modules) and len(frozen) == 2

@@ -1,0 +1,97 @@
+"""jax_numpy's buckets (implementations/builtin.py, JaxNumpy._sdpa_in_buckets, _mha_in_buckets): concrete arrays are
+padded on the host to a few program shapes (lengths, head dims, batch, kv heads, query heads per kv head) and cut
+after; the result is the unpadded computation's, and every shape inside a bucket runs one compiled program."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attention_conformance.implementations import builtin
+from attention_conformance.implementations.builtin import JaxNumpy
+
+jax = pytest.importorskip("jax")
+
+pytestmark = pytest.mark.selfcheck
+
+
+def _inputs(b, hq, hkv, lq, lk, dk, dv, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((b, hq, lq, dk)).astype(np.float32),
+            rng.standard_normal((b, hkv, lk, dk)).astype(np.float32),
+            rng.standard_normal((b, hkv, lk, dv)).astype(np.float32))
+
+
+def _unpadded(q, k, v, mask=None, is_causal=False, scale=None, **variants):
+    """The same sdpa traced at the case's own shapes (the path gradients take): no bucket, no padding."""
+    return np.asarray(jax.jit(lambda q, k, v, mask: JaxNumpy.sdpa(q, k, v, mask, is_causal, scale, **variants))(
+        q, k, v, mask))
+
+
+CASES = {
+    # (B, Hq, Hkv, Lq, Lk, Dk, Dv), the call's options: small cases pad batch and heads to at least 4
+    "gqa-bool-mask-causal": ((3, 6, 2, 5, 9, 7, 5), dict(is_causal=True), "bool"),
+    "one-kv-head-float-mask-scale": ((2, 3, 1, 4, 4, 3, 3), dict(scale=-0.7), "float"),
+    "window-alibi-sink-lengths": ((2, 4, 2, 6, 11, 5, 6), dict(
+        window=(2, 1), alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625], np.float32),
+        learnable_sink=np.array([0.3, -1.0, 0.0, 2.0], np.float32), key_lengths=np.array([11, 4], np.int32),
+        query_offset=3), None),
+    "chunk-leftpad-sink-tokens": ((2, 2, 2, 7, 7, 4, 4), dict(
+        attention_chunk=3, key_leftpad=np.array([0, 2], np.int32), sink_token_length=1, softcap=5.0), None),
+    # past SMALL_BUCKET_SCORES: batch and heads padded to powers of two only
+    "large-gqa": ((1, 6, 3, 70, 130, 24, 24), dict(is_causal=True), None),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_bucketed_sdpa_equals_the_unpadded_computation(name):
+    (b, hq, hkv, lq, lk, dk, dv), options, mask_kind = CASES[name]
+    q, k, v = _inputs(b, hq, hkv, lq, lk, dk, dv)
+    rng = np.random.default_rng(1)
+    mask = None if mask_kind is None else (rng.random((b, hq, lq, lk)) < 0.7 if mask_kind == "bool"
+                                           else rng.standard_normal((1, hq, lq, lk)).astype(np.float32))
+    if mask_kind == "bool":
+        mask[..., 0] = True  # no row left without a key
+    bucketed = np.asarray(JaxNumpy.sdpa(q, k, v, mask, **options))
+    assert bucketed.shape == (b, hq, lq, dv)
+    kwargs = dict(options)
+    is_causal, scale = kwargs.pop("is_causal", False), kwargs.pop("scale", None)
+    np.testing.assert_allclose(bucketed, _unpadded(q, k, v, mask, is_causal, scale, **kwargs), rtol=2e-5, atol=2e-6)
+
+
+def test_every_shape_inside_a_bucket_runs_one_program(monkeypatch):
+    signatures = set()  # the shapes and dtypes _sdpa_uniform is called with: one signature, one XLA program
+    real = builtin._jitted
+
+    def recording(fn, *static):
+        program = real(fn, *static)
+        if fn is not JaxNumpy._sdpa_uniform:
+            return program
+
+        def call(*args):
+            signatures.add(tuple((np.shape(a), np.asarray(a).dtype.name) for a in args))
+            return program(*args)
+        return call
+
+    monkeypatch.setattr(builtin, "_jitted", recording)
+    small = [(1, 1, 1, 1, 1, 1, 1), (1, 1, 1, 2, 3, 5, 5), (2, 3, 1, 9, 17, 13, 13), (3, 4, 4, 30, 31, 20, 32),
+             (4, 8, 2, 32, 32, 32, 32), (1, 16, 4, 3, 3, 8, 8)]
+    for shape in small:
+        JaxNumpy.sdpa(*_inputs(*shape))
+    assert len(signatures) == 1
+    JaxNumpy.sdpa(*_inputs(1, 1, 1, 33, 3, 5, 5))  # Lq past the smallest bucket: another program
+    assert len(signatures) == 2
+
+
+def test_a_bucketed_multi_head_attention_equals_the_traced_pipeline():
+    rng = np.random.default_rng(2)
+    b, lq, lk, e, heads = 2, 5, 9, 12, 3
+    query, key, value = (rng.standard_normal((b, n, e)).astype(np.float32) for n in (lq, lk, lk))
+    params = {f"w_{n}": (rng.standard_normal((e, e)) / np.sqrt(e)).astype(np.float32) for n in "qkvo"}
+    params |= {"b_q": rng.standard_normal(e).astype(np.float32), "b_o": rng.standard_normal(e).astype(np.float32)}
+    mask = rng.random((lq, lk)) < 0.8
+    mask[:, 0] = True
+    bucketed = np.asarray(JaxNumpy.multi_head_attention(query, key, value, params, heads, mask=mask, window=(3, 0)))
+    traced = np.asarray(jax.jit(lambda query, key, value, params: JaxNumpy.multi_head_attention(
+        query, key, value, params, heads, mask=mask, window=(3, 0)))(query, key, value, params))
+    assert bucketed.shape == (b, lq, e)
+    np.testing.assert_allclose(bucketed, traced, rtol=2e-5, atol=2e-6)
