@@ -42,8 +42,8 @@ from attention_conformance.implementations._region import Region, causal_lengths
 # largest head dim. scale: None (the default 1/sqrt(Dk)), or an explicit value. mask_kind: the corner's mask
 # where the property draws that kind, else ``mask``: the i-th kind the property draws. One kind per corner
 # across properties: a compiling implementation then meets the same input signatures in every property and
-# compiles each once (jax_numpy's forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a block of 64) also for an
-# implementation that takes the small shapes, whose other corners are small.
+# compiles each once (jax_numpy's forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a
+# block of 64) also for an implementation that takes the small shapes, whose other corners are small.
 CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True, mask_kind="none"),
     dict(is_causal=True, lengths="q<k", kv="one", dk="min", scale=-1.0, mask_kind="none"),

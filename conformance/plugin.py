@@ -454,8 +454,8 @@ def freeze_after_imports() -> None:
     every object alive into the collector's permanent generation (gc.freeze). A framework's millions of module
     objects never become garbage, yet every full collection scanned them again: in a default run each worker's full
     collections took 2.2 and 3.5 s (21 and 23 of them), 1.1 and 1.9 s with this. Only the objects made after the
-    freeze are scanned from then on. Nothing is collected first (a full collection costs what it saves): an item's cyclic garbage not yet
-    collected at that moment stays, a few times a run."""
+    freeze are scanned from then on. Nothing is collected first (a full collection costs what it saves): an item's
+    cyclic garbage not yet collected at that moment stays, a few times a run."""
     if len(sys.modules) != _MODULES_AT_FREEZE[0]:
         _MODULES_AT_FREEZE[0] = len(sys.modules)
         gc.freeze()

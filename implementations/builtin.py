@@ -1284,9 +1284,9 @@ class JaxNumpy:
     def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, **variants):
         """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block): lengths and head dims
         padded on the host to the next power of two (at least 32), the batch, the kv heads and the query heads per
-        kv head each to a power of two (at least 4 for a small case), every option an array, neutral where unused, so that
-        neither a new length, head count, window, softcap, offset or mask shape compiles (its tests in one process:
-        440 -> 110 sdpa compiles with lengths and head dims padded; then, with batch and heads padded and
+        kv head each to a power of two (at least 4 for a small case), every option an array, neutral where unused,
+        so that neither a new length, head count, window, softcap, offset or mask shape compiles (its tests in one
+        process: 440 -> 110 sdpa compiles with lengths and head dims padded; then, with batch and heads padded and
         multi_head_attention on the same buckets, all of jax_numpy's compiles 232 -> 121, cold 60 -> 28 s). The
         padded keys are removed (key lengths), the padded head-dim columns are zeros (their products add 0), the
         padded query rows, heads and batch entries (every key removed: zeros) are cut off: the same arithmetic on the
@@ -1296,7 +1296,7 @@ class JaxNumpy:
         q, k, v = (np.asarray(x) for x in (q, k, v))
         (b, hq, lq, dk), (hkv, lk, dv) = q.shape, (k.shape[1], k.shape[2], v.shape[3])
         group = _head_groups(q, k)
-        rows, keys, dk8, dv8 = _bucket(lq, 32), _bucket(lk, 32), _bucket(dk, 32), _bucket(dv, 32)
+        rows, keys, dk2, dv2 = _bucket(lq, 32), _bucket(lk, 32), _bucket(dk, 32), _bucket(dv, 32)
         # A small case also gets at least 4 batch entries, kv heads and query heads per kv head (at most 2^16
         # scores): the small properties' and fixtures' many head layouts then share a few programs.
         least = 4 if rows * keys * _bucket(b, 4) * _bucket(hkv, 4) * _bucket(group, 4) <= SMALL_BUCKET_SCORES else 1
@@ -1314,10 +1314,10 @@ class JaxNumpy:
         options[10], options[16] = _padded(options[10], (b2,)), _padded(options[16], (b2,))
         options[12] = heads(np.broadcast_to(options[12], (b, hq)))[0]
         out = _jitted(JaxNumpy._sdpa_uniform)(
-            heads(_padded(q, (b, hq, rows, dk8))),
-            _padded(k, (b2, hkv2, keys, dk8)), _padded(v, (b2, hkv2, keys, dv8)), *options)
+            heads(_padded(q, (b, hq, rows, dk2))),
+            _padded(k, (b2, hkv2, keys, dk2)), _padded(v, (b2, hkv2, keys, dv2)), *options)
         # Cut on the host and put back: a slice of a jax array compiles, and so does jnp.asarray of a numpy array.
-        out = np.asarray(out).reshape(b2, hkv2, group2, rows, dv8)[:b, :hkv, :group, :lq, :dv]
+        out = np.asarray(out).reshape(b2, hkv2, group2, rows, dv2)[:b, :hkv, :group, :lq, :dv]
         return jax.device_put(np.ascontiguousarray(out.reshape(b, hq, lq, dv)))
 
     @staticmethod
@@ -1440,13 +1440,13 @@ class JaxNumpy:
     @staticmethod
     def _project_in_buckets(x: np.ndarray, weight: np.ndarray, bias) -> np.ndarray:
         """x @ weight + bias in x's dtype, one jitted program per bucket: the rows (every leading axis) padded to a
-        power of two (at least 32), both widths likewise; the padding is zeros, which add nothing to a
-        dot product, and is cut off on the host."""
+        power of two (at least 32), both widths likewise; the padding is zeros, which add nothing to a dot product,
+        and is cut off on the host."""
         rows = x.reshape(-1, x.shape[-1])
         (n, e), f = rows.shape, weight.shape[1]
-        n2, e8, f8 = _bucket(n, 32), _bucket(e, 32), _bucket(f, 32)
-        bias = np.zeros(f8, weight.dtype) if bias is None else _padded(np.asarray(bias), (f8,))
-        out = _jitted(JaxNumpy._affine)(_padded(rows, (n2, e8)), _padded(weight, (e8, f8)), bias)
+        n2, e2, f2 = _bucket(n, 32), _bucket(e, 32), _bucket(f, 32)
+        bias = np.zeros(f2, weight.dtype) if bias is None else _padded(np.asarray(bias), (f2,))
+        out = _jitted(JaxNumpy._affine)(_padded(rows, (n2, e2)), _padded(weight, (e2, f2)), bias)
         return np.asarray(out)[:n, :f].reshape(x.shape[:-1] + (f,))
 
     @staticmethod
