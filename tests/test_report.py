@@ -398,7 +398,7 @@ def test_a_worker_streams_its_records_and_the_controller_reads_those_it_never_re
         checks.RECORDS[:] = [first]
         transport.stream(config)
         checks.RECORDS.append(second)
-        agreement.keep("c", "impl", "cpu", "float32", np.array([1.0], dtype=np.float32))
+        agreement.keep("c", "impl", "cpu", "float32", np.array([[1.0, -2.5e-8, np.nan]], dtype=np.float32))
         transport.stream(config)
         transport.stream(config)  # nothing new: nothing written
     with open(tmp_path / "gw0.jsonl", "a") as handle:
@@ -408,6 +408,8 @@ def test_a_worker_streams_its_records_and_the_controller_reads_those_it_never_re
     assert transport.read_unreceived() == {"gw0": 2}
     assert [rec.as_dict() for rec in checks.RECORDS] == [first.as_dict(), second.as_dict()]
     assert checks.RECORDS[1].ratio == float("inf") and list(agreement._OUTPUTS) == [("float32", "c")]
+    np.testing.assert_array_equal(agreement._OUTPUTS[("float32", "c")]["impl@cpu"],
+                                  np.array([[1.0, -2.5e-8, np.nan]], dtype=np.float32).astype(np.float64))
     assert environment.WORKER_ENVIRONMENT["versions"]["python"]
     assert transport.read_unreceived() == {}  # read once
 
