@@ -181,10 +181,12 @@ def test_after_an_item_that_imported_modules_every_live_object_is_frozen(monkeyp
     import gc
 
     monkeypatch.setattr(plugin, "_MODULES_AT_FREEZE", [0])
-    frozen = []
+    frozen, thresholds = [], []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(len(sys.modules)))
+    monkeypatch.setattr(gc, "set_threshold", lambda *counts: thresholds.append(counts))
     plugin.freeze_after_imports()
     assert frozen == [len(sys.modules)]
+    assert thresholds[-1] == (*gc.get_threshold()[:2], plugin.FULL_COLLECTION_EVERY)
     plugin.freeze_after_imports()  # no new module: nothing to freeze
     assert len(frozen) == 1
     monkeypatch.setitem(sys.modules, "an_imported_framework", SimpleNamespace())
