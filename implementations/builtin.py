@@ -1239,7 +1239,8 @@ class JaxNumpy:
     def _softmax_in_buckets(x: np.ndarray, axis: int):
         """softmax as one jitted program per bucket of sizes (as _sdpa_in_buckets): the axis moved last and the rest
         flattened to rows on the host, the rows padded to a power of two (at least 8) and cut off after, the axis
-        padded likewise with -inf, which adds exp(-inf) = 0 to every sum (51 -> 11 XLA compiles over its tests in one process)."""
+        padded likewise with -inf, which adds exp(-inf) = 0 to every sum (51 -> 11 XLA compiles over its tests in one
+        process)."""
         import jax
 
         moved = np.moveaxis(x, axis, -1)
@@ -1301,21 +1302,20 @@ class JaxNumpy:
         # scores): the small properties' and fixtures' many head layouts then share a few programs.
         least = 4 if rows * keys * _bucket(b, 4) * _bucket(hkv, 4) * _bucket(group, 4) <= SMALL_BUCKET_SCORES else 1
         b2, hkv2, group2 = _bucket(b, least), _bucket(hkv, least), _bucket(group, least)
-        options = list(JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal,
-                                                 scale, rows=rows, keys=keys, **variants))
+        options = JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal, scale,
+                                            **variants)
 
-        def heads(x, fill=0):  # (b, hq, ...) -> (b2, hkv2 * group2, ...), query head h = kv head h // group2
-            x = _padded(x.reshape((b, hkv, group) + x.shape[2:]), (b2, hkv2, group2) + x.shape[2:], fill)
-            return x.reshape((b2, hkv2 * group2) + x.shape[3:])
+        def heads(x, trailing, fill=0):  # (B, Hq, ...) -> (b2, hkv2 * group2, *trailing): head h's kv head h // group2
+            x = _padded(x.reshape((b, hkv, group) + x.shape[2:]), (b2, hkv2, group2) + trailing, fill)
+            return x.reshape((b2, hkv2 * group2) + trailing)
 
-        # keep, bias (B, Hq, rows, keys); slopes (B, Hq); key lengths and left pads (B,); sinks (Hq,): see
-        # _uniform_options. A padded head or batch entry keeps no key.
-        options[0], options[1], options[8] = heads(options[0], False), heads(options[1]), heads(options[8])
-        options[10], options[16] = _padded(options[10], (b2,)), _padded(options[16], (b2,))
-        options[12] = heads(np.broadcast_to(options[12], (b, hq)))[0]
-        out = _jitted(JaxNumpy._sdpa_uniform)(
-            heads(_padded(q, (b, hq, rows, dk2))),
-            _padded(k, (b2, hkv2, keys, dk2)), _padded(v, (b2, hkv2, keys, dv2)), *options)
+        # Padded queries, keys, heads and batch entries keep no key; key lengths and left pads are per batch entry.
+        options.update(keep=heads(options["keep"], (rows, keys), False), bias=heads(options["bias"], (rows, keys)),
+                       slopes=heads(options["slopes"], ()),
+                       sink=heads(np.broadcast_to(options["sink"], (b, hq)), ())[0],
+                       lengths=_padded(options["lengths"], (b2,)), pads=_padded(options["pads"], (b2,)))
+        out = _jitted(JaxNumpy._sdpa_uniform)(heads(q, (rows, dk2)), _padded(k, (b2, hkv2, keys, dk2)),
+                                              _padded(v, (b2, hkv2, keys, dv2)), **options)
         # Cut on the host and put back: a slice of a jax array compiles, and so does jnp.asarray of a numpy array.
         out = np.asarray(out).reshape(b2, hkv2, group2, rows, dv2)[:b, :hkv, :group, :lq, :dv]
         return jax.device_put(np.ascontiguousarray(out.reshape(b, hq, lq, dv)))
@@ -1323,34 +1323,33 @@ class JaxNumpy:
     @staticmethod
     def _uniform_options(xp, q, k, mask, is_causal, scale, *, window=None, softcap=None, alibi_slopes=None,
                          query_offset=0, key_lengths=None, learnable_sink=None, sink_token_length=0,
-                         attention_chunk=None, key_leftpad=None, rows=None, keys=None) -> tuple:
-        """_sdpa_uniform's arguments after q, k, v, arrays of ``xp`` (NumPy on the host, jax.numpy under a trace),
-        each neutral where its option is unused; the mask as keep (bool) and bias (float) of (B, Hq, rows, keys),
-        False and 0 past the real queries and keys (a bucket's padding; rows and keys default to Lq and Lk)."""
+                         attention_chunk=None, key_leftpad=None) -> dict:
+        """_sdpa_uniform's arguments after q, k, v by name, arrays of ``xp`` (NumPy on the host, jax.numpy under a
+        trace), each neutral where its option is unused; the mask as keep (bool) and bias (float) of (B, Hq, Lq, Lk)."""
         (b, hq, lq, dk), lk = q.shape, k.shape[2]
-        rows, keys = rows or lq, keys or lk
         floats = np.float64 if q.dtype == np.float64 else np.float32  # the slopes' and sinks' dtype (the contract)
         keep, bias = xp.ones((b, hq, lq, lk), dtype=bool), xp.zeros((b, hq, lq, lk), dtype=q.dtype)
         if mask is not None:
             mask = xp.broadcast_to(mask, (b, hq, lq, lk))
             keep, bias = (mask, bias) if mask.dtype == np.bool_ else (keep, mask)
-        if (rows, keys) != (lq, lk):
-            keep, bias = _padded(keep, (b, hq, rows, keys), False), _padded(bias, (b, hq, rows, keys))
         left, right = (None, None) if window is None else window
-        beyond = rows + keys + abs(int(query_offset)) + 1  # farther than any query from any key
-        slopes = xp.zeros((b, hq), floats) if alibi_slopes is None \
-            else xp.broadcast_to(xp.asarray(alibi_slopes).astype(floats), (b, hq))
-        sink = xp.zeros(hq, floats) if learnable_sink is None \
-            else _sink_4d(xp.asarray(learnable_sink), hq).reshape(hq).astype(floats)
-        lengths = xp.full(b, lk, np.int32) if key_lengths is None else xp.asarray(key_lengths).astype(np.int32)
-        pads = xp.zeros(b, np.int32) if key_leftpad is None else xp.asarray(key_leftpad).astype(np.int32)
+        beyond = 1 << 30  # farther than any query from any key, also in a bucket's padding
         integer = functools.partial(xp.asarray, dtype=np.int32)
-        return (keep, bias, xp.asarray(1.0 / math.sqrt(dk) if scale is None else scale), xp.asarray(bool(is_causal)),
-                integer(beyond if left is None else left), integer(beyond if right is None else right),
-                xp.asarray(softcap is not None), xp.asarray(1.0 if softcap is None else softcap), slopes,
-                integer(query_offset), lengths, xp.asarray(learnable_sink is not None), sink,
-                integer(sink_token_length), xp.asarray(attention_chunk is not None),
-                integer(1 if attention_chunk is None else attention_chunk), pads)
+        return dict(
+            keep=keep, bias=bias, scale=xp.asarray(1.0 / math.sqrt(dk) if scale is None else scale),
+            is_causal=xp.asarray(bool(is_causal)), left=integer(beyond if left is None else left),
+            right=integer(beyond if right is None else right), capped=xp.asarray(softcap is not None),
+            cap=xp.asarray(1.0 if softcap is None else softcap),
+            slopes=xp.zeros((b, hq), floats) if alibi_slopes is None
+            else xp.broadcast_to(xp.asarray(alibi_slopes).astype(floats), (b, hq)),
+            offset=integer(query_offset),
+            lengths=xp.full(b, lk, np.int32) if key_lengths is None else xp.asarray(key_lengths).astype(np.int32),
+            has_sink=xp.asarray(learnable_sink is not None),
+            sink=xp.zeros(hq, floats) if learnable_sink is None
+            else _sink_4d(xp.asarray(learnable_sink), hq).reshape(hq).astype(floats),
+            sink_tokens=integer(sink_token_length), chunked=xp.asarray(attention_chunk is not None),
+            chunk=integer(1 if attention_chunk is None else attention_chunk),
+            pads=xp.zeros(b, np.int32) if key_leftpad is None else xp.asarray(key_leftpad).astype(np.int32))
 
     @staticmethod
     def _sdpa_uniform(q, k, v, keep, bias, scale, is_causal, left, right, capped, cap, slopes, offset, lengths,
@@ -1399,7 +1398,7 @@ class JaxNumpy:
             jnp, q, k, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
             query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
             sink_token_length=sink_token_length, attention_chunk=attention_chunk, key_leftpad=key_leftpad)
-        return JaxNumpy._sdpa_uniform(q, k, v, *options)
+        return JaxNumpy._sdpa_uniform(q, k, v, **options)
 
     @staticmethod
     def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,

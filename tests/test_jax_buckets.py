@@ -67,9 +67,10 @@ def test_every_shape_inside_a_bucket_runs_one_program(monkeypatch):
         if fn is not JaxNumpy._sdpa_uniform:
             return program
 
-        def call(*args):
-            signatures.add(tuple((np.shape(a), np.asarray(a).dtype.name) for a in args))
-            return program(*args)
+        def call(*args, **kwargs):
+            arrays = (*args, *(kwargs[name] for name in sorted(kwargs)))
+            signatures.add(tuple((np.shape(a), np.asarray(a).dtype.name) for a in arrays))
+            return program(*args, **kwargs)
         return call
 
     monkeypatch.setattr(builtin, "_jitted", recording)
