@@ -231,6 +231,93 @@ def _used(**variants) -> dict:
     return oracle.variant_options(variants)
 
 
+def _differentiated_eagerly(*arrays) -> bool:
+    """Whether every tracer among ``arrays`` is one of an eager jax.vjp / jax.jvp (its primal a concrete array), not
+    of a jit: a custom_vjp's rules then get concrete arrays, which can be padded on the host."""
+    import jax
+
+    tracers = [a for a in arrays if isinstance(a, jax.core.Tracer)]
+    primals = [getattr(a, "primal", None) for a in tracers]  # JVP and linearize tracers have one
+    return bool(tracers) and all(p is not None and not isinstance(p, jax.core.Tracer) for p in primals)
+
+
+class _Buckets:
+    """One sdpa case of concrete arrays laid out in its bucket (JaxNumpy._sdpa_in_buckets): lengths and head dims
+    padded on the host to the next power of two (at least 32); the batch, the kv heads and the query heads per kv
+    head each to a power of two (at least 4 for a small case); every option an array (JaxNumpy._uniform_options),
+    neutral where unused. The padded keys are removed (key lengths), the padded head-dim columns are zeros (their
+    products add 0), the padded query rows, heads and batch entries (every key removed: zeros) are cut off: the same
+    arithmetic on the real rows, up to the order of XLA's sums (within the tolerance model, which holds for any
+    order). ``padded``: (q, k, v); ``options``: _sdpa_uniform's other arguments by name."""
+
+    def __init__(self, q, k, v, mask, is_causal, scale, **variants):
+        q, k, v = (np.asarray(x) for x in (q, k, v))
+        (self.b, self.hq, self.lq, self.dk), (self.hkv, self.lk, self.dv) = q.shape, (k.shape[1], k.shape[2],
+                                                                                      v.shape[3])
+        self.group = _head_groups(q, k)
+        self.rows, self.keys = _bucket(self.lq, 32), _bucket(self.lk, 32)
+        self.dk2, self.dv2 = _bucket(self.dk, 32), _bucket(self.dv, 32)
+        # A small case also gets at least 4 batch entries, kv heads and query heads per kv head (at most 2^16
+        # scores): the small properties' and fixtures' many head layouts then share a few programs.
+        small = self.rows * self.keys * _bucket(self.b, 4) * _bucket(self.hkv, 4) * _bucket(self.group, 4)
+        least = 4 if small <= SMALL_BUCKET_SCORES else 1
+        self.b2, self.hkv2, self.group2 = _bucket(self.b, least), _bucket(self.hkv, least), _bucket(self.group, least)
+        options = JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal, scale,
+                                            **variants)
+        b, hq = self.b, self.hq
+        # Padded queries, keys, heads and batch entries keep no key; key lengths and left pads are per batch entry.
+        options.update(keep=self.heads(options["keep"], (self.rows, self.keys), False),
+                       bias=self.heads(options["bias"], (self.rows, self.keys)),
+                       slopes=self.heads(options["slopes"], ()),
+                       sink=self.heads(np.broadcast_to(options["sink"], (b, hq)), ())[0],
+                       lengths=_padded(options["lengths"], (self.b2,)), pads=_padded(options["pads"], (self.b2,)))
+        self.options = options
+        self.padded = (self.heads(q, (self.rows, self.dk2)), _padded(k, (self.b2, self.hkv2, self.keys, self.dk2)),
+                       _padded(v, (self.b2, self.hkv2, self.keys, self.dv2)))
+
+    def heads(self, x, trailing, fill=0):
+        """(B, Hq, ...) -> (b2, hkv2 * group2, *trailing): query head h's kv head is h // group2."""
+        x = _padded(np.asarray(x).reshape((self.b, self.hkv, self.group) + x.shape[2:]),
+                    (self.b2, self.hkv2, self.group2) + trailing, fill)
+        return x.reshape((self.b2, self.hkv2 * self.group2) + trailing)
+
+    def output(self, out) -> np.ndarray:
+        """The (B, Hq, Lq, Dv) output of the padded (b2, hkv2 * group2, rows, dv2) one."""
+        out = np.asarray(out).reshape(self.b2, self.hkv2, self.group2, self.rows, self.dv2)
+        return np.ascontiguousarray(out[:self.b, :self.hkv, :self.group, :self.lq, :self.dv]
+                                    .reshape(self.b, self.hq, self.lq, self.dv))
+
+    def padded_output(self, d_out) -> np.ndarray:
+        """An upstream gradient of the output, padded with zeros: the padding contributes nothing."""
+        return self.heads(np.asarray(d_out), (self.rows, self.dv2))
+
+    def gradients(self, grads, bias, sink) -> tuple:
+        """(dq, dk, dv, dbias, dsink) of the real arguments, from the bucket's: each cut, dbias summed to the float
+        mask's own (broadcast) shape, dsink to (Hq,); None for an argument that was not given."""
+        import jax
+
+        dq, dk, dv, dbias, dsink = (np.asarray(g) for g in grads)
+        b, hq, hkv, group = self.b, self.hq, self.hkv, self.group
+        dq = dq.reshape(self.b2, self.hkv2, self.group2, self.rows, self.dk2)[:b, :hkv, :group, :self.lq, :self.dk]
+        dk = dk[:b, :hkv, :self.lk, :self.dk]
+        dv = dv[:b, :hkv, :self.lk, :self.dv]
+        out = [dq.reshape(b, hq, self.lq, self.dk), dk, dv, None, None]
+        if bias is not None:
+            full = dbias.reshape(self.b2, self.hkv2, self.group2, self.rows, self.keys)[
+                :b, :hkv, :group, :self.lq, :self.lk].reshape(b, hq, self.lq, self.lk)
+            out[3] = _summed_to(full, tuple(bias.shape)).astype(bias.dtype)
+        if sink is not None:
+            out[4] = dsink.reshape(self.hkv2, self.group2)[:hkv, :group].reshape(hq).astype(sink.dtype)
+        return tuple(None if g is None else jax.device_put(np.ascontiguousarray(g)) for g in out)
+
+
+def _summed_to(full: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A gradient of a broadcast argument: ``full`` summed over the axes the argument of ``shape`` was broadcast on."""
+    full = full.sum(axis=tuple(range(full.ndim - len(shape))))
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, full.shape)) if n == 1 and m != 1)
+    return full.sum(axis=axes, keepdims=True).reshape(shape)
+
+
 _JITTED: dict = {}
 
 
@@ -1263,12 +1350,15 @@ class JaxNumpy:
              query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
              attention_chunk=None, key_leftpad=None):
         # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
-        if not _traced(q, k, v, mask):  # concrete arrays (not the tracers of a gradient): one program per bucket
-            return JaxNumpy._sdpa_in_buckets(q, k, v, mask, is_causal, scale, window=window, softcap=softcap,
-                                             alibi_slopes=alibi_slopes, query_offset=query_offset,
-                                             key_lengths=key_lengths, learnable_sink=learnable_sink,
-                                             sink_token_length=sink_token_length, attention_chunk=attention_chunk,
-                                             key_leftpad=key_leftpad)
+        variants = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, query_offset=query_offset,
+                        key_lengths=key_lengths, sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                        key_leftpad=key_leftpad)
+        if not _traced(q, k, v, mask, learnable_sink):  # concrete arrays: one program per bucket
+            return JaxNumpy._sdpa_in_buckets(q, k, v, mask, is_causal, scale, learnable_sink=learnable_sink,
+                                             **variants)
+        if not _traced(alibi_slopes, key_lengths, key_leftpad) and _differentiated_eagerly(q, k, v, mask,
+                                                                                          learnable_sink):
+            return JaxNumpy._sdpa_vjp_in_buckets(q, k, v, mask, is_causal, scale, learnable_sink, **variants)
         if window is None and softcap is None and alibi_slopes is None and not query_offset and key_lengths is None \
                 and learnable_sink is None and attention_chunk is None and key_leftpad is None:
             return _jax_sdpa(JaxNumpy._sdpa, q, k, v, mask, is_causal, scale)
@@ -1283,42 +1373,57 @@ class JaxNumpy:
 
     @staticmethod
     def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, **variants):
-        """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block): lengths and head dims
-        padded on the host to the next power of two (at least 32), the batch, the kv heads and the query heads per
-        kv head each to a power of two (at least 4 for a small case), every option an array, neutral where unused,
-        so that neither a new length, head count, window, softcap, offset or mask shape compiles (its tests in one
-        process: 440 -> 110 sdpa compiles with lengths and head dims padded; then, with batch and heads padded and
-        multi_head_attention on the same buckets, all of jax_numpy's compiles 232 -> 121, cold 60 -> 28 s). The
-        padded keys are removed (key lengths), the padded head-dim columns are zeros (their products add 0), the
-        padded query rows, heads and batch entries (every key removed: zeros) are cut off: the same arithmetic on the
-        real rows, up to the order of XLA's sums (within the tolerance model, which holds for any order)."""
+        """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block; _Buckets): neither a new
+        length, head count, window, softcap, offset or mask shape compiles (its tests in one process: 440 -> 110
+        sdpa compiles with lengths and head dims padded; then, with batch and heads padded and
+        multi_head_attention on the same buckets, all of jax_numpy's compiles 232 -> 121, cold 60 -> 28 s)."""
         import jax
 
-        q, k, v = (np.asarray(x) for x in (q, k, v))
-        (b, hq, lq, dk), (hkv, lk, dv) = q.shape, (k.shape[1], k.shape[2], v.shape[3])
-        group = _head_groups(q, k)
-        rows, keys, dk2, dv2 = _bucket(lq, 32), _bucket(lk, 32), _bucket(dk, 32), _bucket(dv, 32)
-        # A small case also gets at least 4 batch entries, kv heads and query heads per kv head (at most 2^16
-        # scores): the small properties' and fixtures' many head layouts then share a few programs.
-        least = 4 if rows * keys * _bucket(b, 4) * _bucket(hkv, 4) * _bucket(group, 4) <= SMALL_BUCKET_SCORES else 1
-        b2, hkv2, group2 = _bucket(b, least), _bucket(hkv, least), _bucket(group, least)
-        options = JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal, scale,
-                                            **variants)
+        bucket = _Buckets(q, k, v, mask, is_causal, scale, **variants)
+        out = _jitted(JaxNumpy._sdpa_uniform)(*bucket.padded, **bucket.options)
+        return jax.device_put(bucket.output(out))
 
-        def heads(x, trailing, fill=0):  # (B, Hq, ...) -> (b2, hkv2 * group2, *trailing): head h's kv head h // group2
-            x = _padded(x.reshape((b, hkv, group) + x.shape[2:]), (b2, hkv2, group2) + trailing, fill)
-            return x.reshape((b2, hkv2 * group2) + trailing)
+    @staticmethod
+    def _sdpa_vjp_in_buckets(q, k, v, mask, is_causal, scale, learnable_sink, **variants):
+        """sdpa under an eager jax.vjp (the gradient tests): a custom_vjp whose forward and backward run on the
+        concrete values in the buckets of _sdpa_in_buckets, the backward one jitted vjp of _sdpa_uniform per bucket
+        (its gradients at the padding are cut off, as its outputs are: padded queries get a zero upstream gradient,
+        padded keys a zero weight). The traced path compiled a forward and a backward program per case shape (48
+        compiles over jax_numpy's gradient tests in one process); the forward now shares the forward tests' buckets.
+        Differentiated: q, k, v, a float mask, the learnable sink; every other argument is a constant."""
+        import jax
 
-        # Padded queries, keys, heads and batch entries keep no key; key lengths and left pads are per batch entry.
-        options.update(keep=heads(options["keep"], (rows, keys), False), bias=heads(options["bias"], (rows, keys)),
-                       slopes=heads(options["slopes"], ()),
-                       sink=heads(np.broadcast_to(options["sink"], (b, hq)), ())[0],
-                       lengths=_padded(options["lengths"], (b2,)), pads=_padded(options["pads"], (b2,)))
-        out = _jitted(JaxNumpy._sdpa_uniform)(heads(q, (rows, dk2)), _padded(k, (b2, hkv2, keys, dk2)),
-                                              _padded(v, (b2, hkv2, keys, dv2)), **options)
-        # Cut on the host and put back: a slice of a jax array compiles, and so does jnp.asarray of a numpy array.
-        out = np.asarray(out).reshape(b2, hkv2, group2, rows, dv2)[:b, :hkv, :group, :lq, :dv]
-        return jax.device_put(np.ascontiguousarray(out.reshape(b, hq, lq, dv)))
+        boolean = mask if mask is not None and np.dtype(mask.dtype) == np.bool_ else None
+
+        @jax.custom_vjp
+        def attend(q, k, v, bias, sink):  # only its vjp runs (forward, backward); this is the rule's primal
+            return JaxNumpy._sdpa(q, k, v, boolean if bias is None else bias, is_causal, scale,
+                                  learnable_sink=sink, **variants)
+
+        def forward(q, k, v, bias, sink):
+            out = JaxNumpy._sdpa_in_buckets(q, k, v, boolean if bias is None else bias, is_causal, scale,
+                                            learnable_sink=sink, **variants)
+            return out, (q, k, v, bias, sink)
+
+        def backward(saved, d_out):
+            q, k, v, bias, sink = saved
+            where = _Buckets(q, k, v, boolean if bias is None else bias, is_causal, scale, learnable_sink=sink,
+                             **variants)
+            grads = _jitted(JaxNumpy._uniform_vjp)(*where.padded, where.padded_output(d_out), **where.options)
+            return where.gradients(grads, bias, sink)
+
+        attend.defvjp(forward, backward)
+        return attend(q, k, v, None if boolean is not None else mask, learnable_sink)
+
+    @staticmethod
+    def _uniform_vjp(q, k, v, d_out, **options):
+        """The vjp of _sdpa_uniform at a bucket: (dq, dk, dv, dbias, dsink) for upstream d_out."""
+        import jax
+
+        def attend(q, k, v, bias, sink):
+            return JaxNumpy._sdpa_uniform(q, k, v, **dict(options, bias=bias, sink=sink))
+
+        return jax.vjp(attend, q, k, v, options["bias"], options["sink"])[1](d_out)
 
     @staticmethod
     def _uniform_options(xp, q, k, mask, is_causal, scale, *, window=None, softcap=None, alibi_slopes=None,

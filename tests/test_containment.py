@@ -64,6 +64,55 @@ def test_a_hang_fails_its_case_and_later_calls_fail_at_once(short_limit):
     assert "hung earlier on case the first case" in str(later) and "a later case" in str(later)
 
 
+class _ThreadState:
+    """Thread-local state an implementation's call may leave changed (as torch's grad mode or a JAX config
+    context would be)."""
+
+    local = __import__("threading").local()
+
+
+class LeavesThreadStateChanged:
+    ARRAY = "numpy"
+    DTYPES = ("float64",)
+    threads: list = []
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        from attention_conformance.conformance import oracle
+
+        LeavesThreadStateChanged.threads.append(__import__("threading").current_thread())
+        _ThreadState.local.changed = True  # never put back
+        return oracle.sdpa(q, k, v, mask, is_causal, scale)
+
+
+class ReadsThreadState:
+    ARRAY = "numpy"
+    DTYPES = ("float64",)
+    seen: list = []
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        from attention_conformance.conformance import oracle
+
+        ReadsThreadState.seen.append(getattr(_ThreadState.local, "changed", False))
+        return oracle.sdpa(q, k, v, mask, is_causal, scale)
+
+
+def test_thread_state_a_call_leaves_changed_never_reaches_another_implementation(short_limit, monkeypatch):
+    """Calls run in a long-lived thread of their implementation's own (containment.CallThread): what one
+    implementation's call leaves changed in its thread reaches only its own later calls."""
+    monkeypatch.setattr(LeavesThreadStateChanged, "threads", [])
+    monkeypatch.setattr(ReadsThreadState, "seen", [])
+    leaky = Judge(from_object(LeavesThreadStateChanged, "leaky", "tests:leaky"), "float64", "cpu")
+    reader = Judge(from_object(ReadsThreadState, "reader", "tests:reader"), "float64", "cpu")
+    for seed in range(3):
+        leaky.check(sdpa_case(seed=seed))
+        reader.check(sdpa_case(seed=seed))
+    assert ReadsThreadState.seen == [False, False, False]
+    assert not getattr(_ThreadState.local, "changed", False)  # nor the caller's thread
+    assert len({id(t) for t in LeavesThreadStateChanged.threads}) == 1  # one thread for the implementation's calls
+
+
 def test_a_correct_call_is_not_slowed_or_changed_by_the_limit(short_limit):
     judge = Judge(load_implementation("examples.my_attention"), "float64", "cpu")
     got, _ = judge.check(sdpa_case())

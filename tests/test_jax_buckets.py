@@ -96,3 +96,69 @@ def test_a_bucketed_multi_head_attention_equals_the_traced_pipeline():
         query, key, value, params, heads, mask=mask, window=(3, 0)))(query, key, value, params))
     assert bucketed.shape == (b, lq, e)
     np.testing.assert_allclose(bucketed, traced, rtol=2e-5, atol=2e-6)
+
+
+GRADIENT_CASES = {
+    # (B, Hq, Hkv, Lq, Lk, Dk, Dv), the call's constant options, the differentiated float mask's shape (None: a
+    # boolean mask or none), whether a learnable sink is differentiated
+    "gqa-broadcast-float-mask": ((2, 6, 2, 5, 9, 7, 5), dict(is_causal=True), (5, 9), False),
+    "per-head-float-mask-sink": ((1, 4, 4, 3, 6, 4, 4), dict(scale=0.4), (1, 4, 3, 6), True),
+    "window-alibi-lengths-bool": ((2, 4, 2, 6, 11, 5, 6), dict(
+        window=(2, 1), alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625], np.float32),
+        key_lengths=np.array([11, 4], np.int32), softcap=3.0), None, True),
+    "large-one-kv-head": ((1, 3, 1, 40, 70, 40, 24), dict(), None, False),
+}
+
+
+@pytest.mark.parametrize("name", GRADIENT_CASES)
+def test_bucketed_gradients_equal_the_traced_gradients(name):
+    """Under an eager jax.vjp (the gradient tests) jax_numpy pads into its buckets (JaxNumpy._sdpa_vjp_in_buckets);
+    under jit it differentiates the unpadded traced sdpa. Same gradients: dq, dk, dv, a float mask's (summed to its
+    broadcast shape) and a sink's."""
+    (b, hq, hkv, lq, lk, dk, dv), options, mask_shape, with_sink = GRADIENT_CASES[name]
+    q, k, v = _inputs(b, hq, hkv, lq, lk, dk, dv, seed=3)
+    rng = np.random.default_rng(4)
+    mask = rng.standard_normal(mask_shape).astype(np.float32) if mask_shape else None
+    boolean = None
+    if mask is None and name.endswith("bool"):
+        boolean = rng.random((b, hq, lq, lk)) < 0.7
+        boolean[..., 0] = True
+    sink = rng.standard_normal(hq).astype(np.float32) if with_sink else None
+    primals = [q, k, v] + ([mask] if mask is not None else []) + ([sink] if sink is not None else [])
+    d_out = rng.standard_normal((b, hq, lq, dv)).astype(np.float32)
+
+    def attention(q, k, v, *rest):
+        rest = list(rest)
+        float_mask = rest.pop(0) if mask is not None else None
+        learnable = rest.pop(0) if sink is not None else None
+        return JaxNumpy.sdpa(q, k, v, boolean if float_mask is None else float_mask, learnable_sink=learnable,
+                             **options)
+
+    def gradients(*arrays):
+        out, pullback = jax.vjp(attention, *arrays)
+        return out, pullback(d_out)
+
+    eager_out, eager = gradients(*primals)
+    traced_out, traced = jax.jit(gradients)(*primals)
+    np.testing.assert_allclose(np.asarray(eager_out), np.asarray(traced_out), rtol=2e-5, atol=2e-6)
+    assert len(eager) == len(primals)
+    for got, want, primal in zip(eager, traced, primals):
+        assert got.shape == primal.shape
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5)
+
+
+def test_an_eager_vjp_runs_the_bucketed_backward(monkeypatch):
+    """The bucketed backward is what an eager jax.vjp runs (not the traced path), one program for a bucket."""
+    called = []
+    real = builtin._jitted
+
+    def recording(fn, *static):
+        if fn is JaxNumpy._uniform_vjp:
+            called.append(fn)
+        return real(fn, *static)
+
+    monkeypatch.setattr(builtin, "_jitted", recording)
+    for shape in [(1, 2, 1, 3, 5, 4, 4), (2, 4, 2, 7, 6, 8, 8)]:
+        q, k, v = _inputs(*shape)
+        jax.vjp(lambda q, k, v: JaxNumpy.sdpa(q, k, v), q, k, v)[1](np.ones(q.shape[:3] + (v.shape[3],), np.float32))
+    assert len(called) == 2
