@@ -123,9 +123,9 @@ def call_with_limit(impl: Implementation, label: str, fn, *args, limit=_USE_THE_
 class CallThread:
     """The long-lived daemon thread one implementation's calls run in, one call at a time.
 
-    A thread started per call cost 120 us of CPU and, under a loaded worker, up to
-    milliseconds of waiting for it to start (about 30,000 calls a default run: 4-6 s
-    of a warm run's 45). Thread-local state (torch's grad mode, JAX's config contexts)
+    A thread started per call cost 120 us of CPU and, in a loaded worker, a wait for
+    it to start (15,024 calls a default run; the waits were 7.7 s of a warm run's py-spy
+    samples). Thread-local state (torch's grad mode, JAX's config contexts)
     that a call leaves changed reaches only the same implementation's later calls,
     never another's. A hung call keeps its thread; the implementation is then marked
     hung and never called again in this process.
