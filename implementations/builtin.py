@@ -152,8 +152,8 @@ def _host_floats(x) -> np.ndarray:
     return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(np.float64)
 
 
-# jax_numpy's sdpa buckets: a case whose padded batch, heads and lengths hold at most this many scores is padded
-# further, to at least 4 batch entries, kv heads and query heads per kv head (JaxNumpy._sdpa_in_buckets).
+# jax_numpy's sdpa buckets (_Buckets): a case whose padded entries, heads and lengths hold at most this many scores is
+# padded further, to at least 4 (batch entry, kv head) pairs and 4 query heads per kv head.
 SMALL_BUCKET_SCORES = 2**16
 
 
@@ -242,50 +242,58 @@ def _differentiated_eagerly(*arrays) -> bool:
 
 
 class _Buckets:
-    """One sdpa case of concrete arrays laid out in its bucket (JaxNumpy._sdpa_in_buckets): lengths and head dims
-    padded on the host to the next power of two (at least 32); the batch, the kv heads and the query heads per kv
-    head each to a power of two (at least 4 for a small case); every option an array (JaxNumpy._uniform_options),
-    neutral where unused. The padded keys are removed (key lengths), the padded head-dim columns are zeros (their
-    products add 0), the padded query rows, heads and batch entries (every key removed: zeros) are cut off: the same
-    arithmetic on the real rows, up to the order of XLA's sums (within the tolerance model, which holds for any
-    order). ``padded``: (q, k, v); ``options``: _sdpa_uniform's other arguments by name."""
+    """One sdpa case of concrete arrays laid out in its bucket (JaxNumpy._sdpa_in_buckets). Each (batch entry, kv
+    head) pair is one entry of the program's batch axis, with one kv head and its group of query heads (GQA's heads
+    are independent given their kv head): entries and query heads per kv head are padded on the host to powers of two
+    (at least 4 for a small case, of at most SMALL_BUCKET_SCORES padded scores, else at least 2), lengths to powers of
+    two from 32, head dims from 64. Every option is an array (JaxNumpy._uniform_options), neutral where unused;
+    key lengths, left pads, ALiBi slopes and sink logits go with their entry. The padded keys are removed (key
+    lengths), the padded head-dim columns are zeros (their products add 0), the padded query rows, heads and entries
+    (every key removed: zeros) are cut off: the same arithmetic on the real rows, up to the order of XLA's sums
+    (within the tolerance model, which holds for any order). Over jax_numpy's tests in one process this layout
+    makes 22 forward programs where batch, kv heads and group padded apart (head dims from 32) made 35, with less
+    padded work (4.7 against 6.4 G multiply-adds). ``padded``: (q, k, v); ``options``: _sdpa_uniform's other
+    arguments by name."""
 
     def __init__(self, q, k, v, mask, is_causal, scale, **variants):
         q, k, v = (np.asarray(x) for x in (q, k, v))
         (self.b, self.hq, self.lq, self.dk), (self.hkv, self.lk, self.dv) = q.shape, (k.shape[1], k.shape[2],
                                                                                       v.shape[3])
-        self.group = _head_groups(q, k)
+        self.group, self.entries = _head_groups(q, k), self.b * self.hkv
         self.rows, self.keys = _bucket(self.lq, 32), _bucket(self.lk, 32)
-        self.dk2, self.dv2 = _bucket(self.dk, 32), _bucket(self.dv, 32)
-        # A small case also gets at least 4 batch entries, kv heads and query heads per kv head (at most 2^16
-        # scores): the small properties' and fixtures' many head layouts then share a few programs.
-        small = self.rows * self.keys * _bucket(self.b, 4) * _bucket(self.hkv, 4) * _bucket(self.group, 4)
-        least = 4 if small <= SMALL_BUCKET_SCORES else 1
-        self.b2, self.hkv2, self.group2 = _bucket(self.b, least), _bucket(self.hkv, least), _bucket(self.group, least)
+        self.dk2, self.dv2 = _bucket(self.dk, 64), _bucket(self.dv, 64)
+        small = self.rows * self.keys * _bucket(self.entries, 4) * _bucket(self.group, 4) <= SMALL_BUCKET_SCORES
+        least = 4 if small else 2
+        self.entries2, self.group2 = _bucket(self.entries, least), _bucket(self.group, least)
         options = JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal, scale,
                                             **variants)
-        b, hq = self.b, self.hq
-        # Padded queries, keys, heads and batch entries keep no key; key lengths and left pads are per batch entry.
+        per_entry = functools.partial(np.repeat, repeats=self.hkv)  # (B,) -> (B * Hkv,): entry b * Hkv + kv
         options.update(keep=self.heads(options["keep"], (self.rows, self.keys), False),
                        bias=self.heads(options["bias"], (self.rows, self.keys)),
-                       slopes=self.heads(options["slopes"], ()),
-                       sink=self.heads(np.broadcast_to(options["sink"], (b, hq)), ())[0],
-                       lengths=_padded(options["lengths"], (self.b2,)), pads=_padded(options["pads"], (self.b2,)))
+                       slopes=self.heads(options["slopes"], ()), sink=self.heads(options["sink"], ()),
+                       lengths=_padded(per_entry(options["lengths"]), (self.entries2,)),
+                       pads=_padded(per_entry(options["pads"]), (self.entries2,)))
         self.options = options
-        self.padded = (self.heads(q, (self.rows, self.dk2)), _padded(k, (self.b2, self.hkv2, self.keys, self.dk2)),
-                       _padded(v, (self.b2, self.hkv2, self.keys, self.dv2)))
+        kv = (self.entries2, 1, self.keys)
+        self.padded = (self.heads(q, (self.rows, self.dk2)),
+                       _padded(k.reshape(self.entries, 1, self.lk, self.dk), kv + (self.dk2,)),
+                       _padded(v.reshape(self.entries, 1, self.lk, self.dv), kv + (self.dv2,)))
 
     def heads(self, x, trailing, fill=0):
-        """(B, Hq, ...) -> (b2, hkv2 * group2, *trailing): query head h's kv head is h // group2."""
-        x = _padded(np.asarray(x).reshape((self.b, self.hkv, self.group) + x.shape[2:]),
-                    (self.b2, self.hkv2, self.group2) + trailing, fill)
-        return x.reshape((self.b2, self.hkv2 * self.group2) + trailing)
+        """(B, Hq, ...) -> (entries2, group2, *trailing): entry b * Hkv + kv holds kv head kv's query heads of b."""
+        x = np.asarray(x)
+        return _padded(x.reshape((self.entries, self.group) + x.shape[2:]), (self.entries2, self.group2) + trailing,
+                       fill)
+
+    def _real(self, x, *sizes) -> np.ndarray:
+        """The real (B, Hq, ...) part of a padded (entries2, group2, ...) array, cut on the host (a slice of a jax
+        array compiles, and so does jnp.asarray of a numpy array)."""
+        x = np.asarray(x)[(slice(self.entries), slice(self.group)) + tuple(slice(n) for n in sizes)]
+        return np.ascontiguousarray(x.reshape((self.b, self.hq) + x.shape[2:]))
 
     def output(self, out) -> np.ndarray:
-        """The (B, Hq, Lq, Dv) output of the padded (b2, hkv2 * group2, rows, dv2) one."""
-        out = np.asarray(out).reshape(self.b2, self.hkv2, self.group2, self.rows, self.dv2)
-        return np.ascontiguousarray(out[:self.b, :self.hkv, :self.group, :self.lq, :self.dv]
-                                    .reshape(self.b, self.hq, self.lq, self.dv))
+        """The (B, Hq, Lq, Dv) output of the padded (entries2, group2, rows, dv2) one."""
+        return self._real(out, self.lq, self.dv)
 
     def padded_output(self, d_out) -> np.ndarray:
         """An upstream gradient of the output, padded with zeros: the padding contributes nothing."""
@@ -293,21 +301,18 @@ class _Buckets:
 
     def gradients(self, grads, bias, sink) -> tuple:
         """(dq, dk, dv, dbias, dsink) of the real arguments, from the bucket's: each cut, dbias summed to the float
-        mask's own (broadcast) shape, dsink to (Hq,); None for an argument that was not given."""
+        mask's own (broadcast) shape, dsink over the batch to (Hq,); None for an argument that was not given."""
         import jax
 
         dq, dk, dv, dbias, dsink = (np.asarray(g) for g in grads)
-        b, hq, hkv, group = self.b, self.hq, self.hkv, self.group
-        dq = dq.reshape(self.b2, self.hkv2, self.group2, self.rows, self.dk2)[:b, :hkv, :group, :self.lq, :self.dk]
-        dk = dk[:b, :hkv, :self.lk, :self.dk]
-        dv = dv[:b, :hkv, :self.lk, :self.dv]
-        out = [dq.reshape(b, hq, self.lq, self.dk), dk, dv, None, None]
+        kv = (self.b, self.hkv)
+        out = [self._real(dq, self.lq, self.dk), dk[:self.entries, 0, :self.lk, :self.dk].reshape(kv + (self.lk,
+                                                                                                       self.dk)),
+               dv[:self.entries, 0, :self.lk, :self.dv].reshape(kv + (self.lk, self.dv)), None, None]
         if bias is not None:
-            full = dbias.reshape(self.b2, self.hkv2, self.group2, self.rows, self.keys)[
-                :b, :hkv, :group, :self.lq, :self.lk].reshape(b, hq, self.lq, self.lk)
-            out[3] = _summed_to(full, tuple(bias.shape)).astype(bias.dtype)
+            out[3] = _summed_to(self._real(dbias, self.lq, self.lk), tuple(bias.shape)).astype(bias.dtype)
         if sink is not None:
-            out[4] = dsink.reshape(self.hkv2, self.group2)[:hkv, :group].reshape(hq).astype(sink.dtype)
+            out[4] = self._real(dsink).sum(axis=0).astype(sink.dtype)
         return tuple(None if g is None else jax.device_put(np.ascontiguousarray(g)) for g in out)
 
 
@@ -1374,9 +1379,10 @@ class JaxNumpy:
     @staticmethod
     def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, **variants):
         """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block; _Buckets): neither a new
-        length, head count, window, softcap, offset or mask shape compiles (its tests in one process: 440 -> 110
-        sdpa compiles with lengths and head dims padded; then, with batch and heads padded and
-        multi_head_attention on the same buckets, all of jax_numpy's compiles 232 -> 121, cold 60 -> 28 s)."""
+        length, head count, window, softcap, offset or mask shape compiles. XLA compiles over jax_numpy's tests in one
+        process: 440 -> 110 sdpa compiles with lengths and head dims padded; with batch and heads padded and
+        multi_head_attention on the same buckets, all of jax_numpy's 232 -> 121; with the gradients in the buckets
+        (_sdpa_vjp_in_buckets) 90; with (batch entry, kv head) pairs as one axis and head dims from 64, 74."""
         import jax
 
         bucket = _Buckets(q, k, v, mask, is_causal, scale, **variants)
@@ -1430,7 +1436,8 @@ class JaxNumpy:
                          query_offset=0, key_lengths=None, learnable_sink=None, sink_token_length=0,
                          attention_chunk=None, key_leftpad=None) -> dict:
         """_sdpa_uniform's arguments after q, k, v by name, arrays of ``xp`` (NumPy on the host, jax.numpy under a
-        trace), each neutral where its option is unused; the mask as keep (bool) and bias (float) of (B, Hq, Lq, Lk)."""
+        trace), each neutral where its option is unused; the mask as keep (bool) and bias (float) of (B, Hq, Lq, Lk),
+        ALiBi slopes and sink logits of (B, Hq)."""
         (b, hq, lq, dk), lk = q.shape, k.shape[2]
         floats = np.float64 if q.dtype == np.float64 else np.float32  # the slopes' and sinks' dtype (the contract)
         keep, bias = xp.ones((b, hq, lq, lk), dtype=bool), xp.zeros((b, hq, lq, lk), dtype=q.dtype)
@@ -1450,8 +1457,8 @@ class JaxNumpy:
             offset=integer(query_offset),
             lengths=xp.full(b, lk, np.int32) if key_lengths is None else xp.asarray(key_lengths).astype(np.int32),
             has_sink=xp.asarray(learnable_sink is not None),
-            sink=xp.zeros(hq, floats) if learnable_sink is None
-            else _sink_4d(xp.asarray(learnable_sink), hq).reshape(hq).astype(floats),
+            sink=xp.zeros((b, hq), floats) if learnable_sink is None
+            else xp.broadcast_to(_sink_4d(xp.asarray(learnable_sink), hq).reshape(1, hq).astype(floats), (b, hq)),
             sink_tokens=integer(sink_token_length), chunked=xp.asarray(attention_chunk is not None),
             chunk=integer(1 if attention_chunk is None else attention_chunk),
             pads=xp.zeros(b, np.int32) if key_leftpad is None else xp.asarray(key_leftpad).astype(np.int32))
@@ -1482,7 +1489,7 @@ class JaxNumpy:
         allowed = allowed & (jnp.arange(lk) < lengths.reshape(-1, 1, 1, 1)) & keep
         scores = jnp.where(allowed, scores + bias, -jnp.inf)
         row_max = jnp.max(scores, axis=-1, keepdims=True)
-        sink = sink.reshape(1, -1, 1, 1).astype(scores.dtype)
+        sink = sink[:, :, None, None].astype(scores.dtype)
         with_sink = jnp.maximum(row_max, sink)  # the sink logit joins the maximum and the normaliser
         e_sink = jnp.exp(scores - with_sink)
         sunk = e_sink / (jnp.sum(e_sink, axis=-1, keepdims=True) + jnp.exp(sink - with_sink))
