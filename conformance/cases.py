@@ -88,7 +88,10 @@ def widen(inputs: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, dict):
             return {key: up(item) for key, item in value.items()}
         if isinstance(value, np.ndarray) and value.dtype.kind == "f":  # lengths stay integers
-            return value.astype(np.float64)
+            if value.dtype != np.float64:
+                return value.astype(np.float64)
+            value = value.view()  # float64 already: not copied, and not writable through this view
+            value.flags.writeable = False
         return value
 
     return {name: up(value) for name, value in inputs.items()}
