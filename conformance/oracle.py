@@ -15,7 +15,8 @@ from attention_conformance.implementations._region import variant_options  # noq
 
 
 def _f64(x) -> np.ndarray:
-    return np.asarray(x).astype(np.float64)
+    """``x`` as float64; a float64 array as it is (nothing here writes into an input)."""
+    return np.asarray(x, dtype=np.float64)
 
 
 def softmax(x, axis: int = -1) -> np.ndarray:

@@ -272,3 +272,19 @@ def test_a_packed_or_paged_case_blocked_is_the_full_oracle_and_model(which, alig
             assert_close(allowed, np.broadcast_to(allowed_error(case, case.inputs, dtype, "zeros",
                                                                 alignment=alignment), want.shape), RTOL_SIXTEEN_BIT)
             assert np.array_equal(empty, sequence_fully_masked_rows(case.op, case.inputs, alignment))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(case=sdpa_cases(allow_empty_rows=True), dtype=st.sampled_from(["float64", "float32", "float16"]))
+def test_the_oracle_and_the_bound_never_write_into_their_inputs(case, dtype):
+    """They get the case's float64 inputs as they are, not copies (cases.widen, oracle._f64): read-only here, so
+    a write into one raises."""
+    from attention_conformance.conformance.expected import allowed_error, expected_output
+
+    inputs = case.rounded(dtype)
+    for value in inputs.values():
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    want = expected_output(case, inputs)
+    assert want.shape == inputs["q"].shape[:-1] + inputs["v"].shape[-1:]
+    assert allowed_error(case, inputs, dtype).shape[-1] in (1, want.shape[-1])
