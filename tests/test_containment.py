@@ -2,6 +2,7 @@
 instantiated, each fails what it breaks with its own message; a fault is blamed on what it is."""
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -64,38 +65,38 @@ def test_a_hang_fails_its_case_and_later_calls_fail_at_once(short_limit):
     assert "hung earlier on case the first case" in str(later) and "a later case" in str(later)
 
 
-class _ThreadState:
-    """Thread-local state an implementation's call may leave changed (as torch's grad mode or a JAX config
-    context would be)."""
-
-    local = __import__("threading").local()
+THREAD_STATE = threading.local()  # as torch's grad mode or a JAX config context is: per thread
 
 
-class LeavesThreadStateChanged:
+class _OracleSdpa:
+    """The oracle's sdpa after ``during_call`` (each stand-in's own)."""
+
     ARRAY = "numpy"
     DTYPES = ("float64",)
+
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
+        from attention_conformance.conformance import oracle
+
+        cls.during_call()
+        return oracle.sdpa(q, k, v, mask, is_causal, scale)
+
+
+class LeavesThreadStateChanged(_OracleSdpa):
     threads: list = []
 
-    @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
-        from attention_conformance.conformance import oracle
-
-        LeavesThreadStateChanged.threads.append(__import__("threading").current_thread())
-        _ThreadState.local.changed = True  # never put back
-        return oracle.sdpa(q, k, v, mask, is_causal, scale)
+    @classmethod
+    def during_call(cls):
+        cls.threads.append(threading.current_thread())
+        THREAD_STATE.changed = True  # never put back
 
 
-class ReadsThreadState:
-    ARRAY = "numpy"
-    DTYPES = ("float64",)
+class ReadsThreadState(_OracleSdpa):
     seen: list = []
 
-    @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
-        from attention_conformance.conformance import oracle
-
-        ReadsThreadState.seen.append(getattr(_ThreadState.local, "changed", False))
-        return oracle.sdpa(q, k, v, mask, is_causal, scale)
+    @classmethod
+    def during_call(cls):
+        cls.seen.append(getattr(THREAD_STATE, "changed", False))
 
 
 def test_thread_state_a_call_leaves_changed_never_reaches_another_implementation(short_limit, monkeypatch):
@@ -109,7 +110,7 @@ def test_thread_state_a_call_leaves_changed_never_reaches_another_implementation
         leaky.check(sdpa_case(seed=seed))
         reader.check(sdpa_case(seed=seed))
     assert ReadsThreadState.seen == [False, False, False]
-    assert not getattr(_ThreadState.local, "changed", False)  # nor the caller's thread
+    assert not getattr(THREAD_STATE, "changed", False)  # nor the caller's thread
     assert len({id(t) for t in LeavesThreadStateChanged.threads}) == 1  # one thread for the implementation's calls
 
 
