@@ -1330,14 +1330,14 @@ class JaxNumpy:
     @staticmethod
     def _softmax_in_buckets(x: np.ndarray, axis: int):
         """softmax as one jitted program per bucket of sizes (as _sdpa_in_buckets): the axis moved last and the rest
-        flattened to rows on the host, the rows padded to a power of two (at least 8) and cut off after, the axis
+        flattened to rows on the host, the rows padded to a power of two (at least 32) and cut off after, the axis
         padded likewise with -inf, which adds exp(-inf) = 0 to every sum (51 -> 11 XLA compiles over its tests in one
-        process)."""
+        process with buckets from 8; 12 -> 8 with buckets from 32)."""
         import jax
 
         moved = np.moveaxis(x, axis, -1)
         rows = moved.reshape(-1, moved.shape[-1])
-        padded = _padded(rows, (_bucket(rows.shape[0], 8), _bucket(rows.shape[1], 8)), -np.inf)
+        padded = _padded(rows, (_bucket(rows.shape[0], 32), _bucket(rows.shape[1], 32)), -np.inf)
         padded[rows.shape[0]:] = 0  # whole padding rows: finite, never read
         out = np.asarray(_jitted(JaxNumpy._softmax, "axis")(padded, axis=-1))[:rows.shape[0], :rows.shape[1]]
         return jax.device_put(np.ascontiguousarray(np.moveaxis(out.reshape(moved.shape), -1, axis)))
