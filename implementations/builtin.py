@@ -297,12 +297,14 @@ class _Buckets:
 
     def padded_output(self, d_out) -> np.ndarray:
         """An upstream gradient of the output, padded with zeros: the padding contributes nothing."""
-        return self.heads(np.asarray(d_out), (self.rows, self.dv2))
+        return self.heads(d_out, (self.rows, self.dv2))
 
     def gradients(self, grads, bias, sink) -> tuple:
         """(dq, dk, dv, dbias, dsink) of the real arguments, from the bucket's: each cut, dbias summed to the float
         mask's own (broadcast) shape, dsink over the batch to (Hq,); None for an argument that was not given."""
         import jax
+
+        from attention_conformance.conformance.oracle_backward import reduce_to_shape
 
         dq, dk, dv, dbias, dsink = (np.asarray(g) for g in grads)
         kv = (self.b, self.hkv)
@@ -310,17 +312,10 @@ class _Buckets:
                                                                                                        self.dk)),
                dv[:self.entries, 0, :self.lk, :self.dv].reshape(kv + (self.lk, self.dv)), None, None]
         if bias is not None:
-            out[3] = _summed_to(self._real(dbias, self.lq, self.lk), tuple(bias.shape)).astype(bias.dtype)
+            out[3] = reduce_to_shape(self._real(dbias, self.lq, self.lk), tuple(bias.shape)).astype(bias.dtype)
         if sink is not None:
             out[4] = self._real(dsink).sum(axis=0).astype(sink.dtype)
         return tuple(None if g is None else jax.device_put(np.ascontiguousarray(g)) for g in out)
-
-
-def _summed_to(full: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A gradient of a broadcast argument: ``full`` summed over the axes the argument of ``shape`` was broadcast on."""
-    full = full.sum(axis=tuple(range(full.ndim - len(shape))))
-    axes = tuple(i for i, (n, m) in enumerate(zip(shape, full.shape)) if n == 1 and m != 1)
-    return full.sum(axis=axes, keepdims=True).reshape(shape)
 
 
 _JITTED: dict = {}
@@ -1400,6 +1395,7 @@ class JaxNumpy:
         import jax
 
         boolean = mask if mask is not None and np.dtype(mask.dtype) == np.bool_ else None
+        bucket = {}  # the forward's layout, which the backward reuses
 
         @jax.custom_vjp
         def attend(q, k, v, bias, sink):  # only its vjp runs (forward, backward); this is the rule's primal
@@ -1407,16 +1403,15 @@ class JaxNumpy:
                                   learnable_sink=sink, **variants)
 
         def forward(q, k, v, bias, sink):
-            out = JaxNumpy._sdpa_in_buckets(q, k, v, boolean if bias is None else bias, is_causal, scale,
-                                            learnable_sink=sink, **variants)
-            return out, (q, k, v, bias, sink)
+            where = bucket["layout"] = _Buckets(q, k, v, boolean if bias is None else bias, is_causal, scale,
+                                                learnable_sink=sink, **variants)
+            out = _jitted(JaxNumpy._sdpa_uniform)(*where.padded, **where.options)
+            return jax.device_put(where.output(out)), (bias, sink)
 
         def backward(saved, d_out):
-            q, k, v, bias, sink = saved
-            where = _Buckets(q, k, v, boolean if bias is None else bias, is_causal, scale, learnable_sink=sink,
-                             **variants)
+            where = bucket["layout"]
             grads = _jitted(JaxNumpy._uniform_vjp)(*where.padded, where.padded_output(d_out), **where.options)
-            return where.gradients(grads, bias, sink)
+            return where.gradients(grads, *saved)
 
         attend.defvjp(forward, backward)
         return attend(q, k, v, None if boolean is not None else mask, learnable_sink)
