@@ -202,7 +202,7 @@ class _AllowedContext:
     u_in: float  # TF32 rounding of the matmul inputs where declared, else 0 (spec/tolerances.yaml, tf32)
     abs_k_t: np.ndarray  # (B, Hkv, Dk, Lk)
     v_row_max: np.ndarray  # (B, Hq, 1, Lk): the largest |v_jd| of key j
-    v_all_max: np.ndarray  # (B, Hq, 1, 1): max |v| over keys and dims (the 'uniform' spread)
+    uniform: np.ndarray  # (B, Hq, 1, Dv): the 'uniform' policy's bound for a fully masked row
 
 
 def _allowed_context(p: _Problem, dtype: str, tf32: bool = False) -> _AllowedContext:
@@ -212,12 +212,13 @@ def _allowed_context(p: _Problem, dtype: str, tf32: bool = False) -> _AllowedCon
         u_in=tolerances.tf32_unit_roundoff() if tf32 else 0.0,
         abs_k_t=np.swapaxes(np.abs(p.k), -1, -2),
         v_row_max=_per_query_head(np.max(abs_v, axis=-1)[..., None, :], p.query_heads),
-        v_all_max=_per_query_head(np.max(abs_v, axis=(-2, -1), keepdims=True), p.query_heads),
+        uniform=tolerances.uniform_row_bound(tolerances.unit_roundoff(dtype), p.v, p.query_heads),
     )
 
 
 def _block_allowed(p: _Problem, blk: _Block, ctx: _AllowedContext, policy: str) -> np.ndarray:
-    """``tolerances.sdpa_allowed`` for the block's rows, (B, Hq, n, 1).
+    """``tolerances.sdpa_allowed`` for the block's rows, (B, Hq, n, 1), or (B, Hq, n, Dv) where some output element's
+    summands coincide (tolerances.accumulation_growth).
 
     Keys outside ``blk.keys`` have weight 0 and so cost nothing in either term.
     """
@@ -232,9 +233,10 @@ def _block_allowed(p: _Problem, blk: _Block, ctx: _AllowedContext, policy: str) 
     # tolerances._sdpa_terms also gives rows that attend nothing a V_i; sdpa_allowed then
     # overrides those rows (0, or the 'uniform' spread below), so it is not needed here.
     v_max = np.max(np.where(blk.weights > 0, ctx.v_row_max[..., blk.keys], 0.0), axis=-1, keepdims=True)
-    allowed = tolerances.sdpa_row_bound(u, v_max, weighted_error, p.lk) + c_in * 2 * ctx.u_in * v_max
+    growth = tolerances.accumulation_growth(blk.weights, p.v[:, :, blk.keys], p.lk, u)
+    allowed = tolerances.sdpa_row_bound(u, v_max, weighted_error, growth) + c_in * 2 * ctx.u_in * v_max
     if policy == "uniform":
-        return np.where(blk.empty, tolerances.uniform_row_bound(u, ctx.v_all_max, p.lk), allowed)
+        return np.where(blk.empty, ctx.uniform, allowed)
     return np.where(blk.empty, 0.0, allowed)
 
 
@@ -266,8 +268,8 @@ def sdpa_with_allowed(q, k, v, mask=None, is_causal=False, scale=None, dtype: st
                       tf32: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(``oracle.sdpa``, ``tolerances.sdpa_allowed``) in one blocked pass.
 
-    expected is (B, Hq, Lq, Dv); allowed is (B, Hq, Lq, 1), one bound per output row,
-    broadcasting against expected, or (B, Hq, Lq, Dv) per element for float16 and bfloat16
+    expected and allowed are (B, Hq, Lq, Dv): the first-order model's bound is per row but for the
+    elements whose summands coincide (tolerances.accumulation_growth), the 16-bit model's per element
     (spec/tolerances.yaml, sixteen_bit). ``dtype`` names the dtype under test (its unit
     roundoff sets the bound); ``policy`` is the fully-masked-rows policy; ``tf32``
     declares TF32 float32 matmuls.
@@ -276,7 +278,7 @@ def sdpa_with_allowed(q, k, v, mask=None, is_causal=False, scale=None, dtype: st
     sixteen_bit = tolerances.is_sixteen_bit(dtype)
     ctx = None if sixteen_bit else _allowed_context(p, dtype, tf32)
     expected = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
-    allowed = np.empty(p.q.shape[:-1] + ((p.v.shape[-1],) if sixteen_bit else (1,)))
+    allowed = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
     for rows in row_blocks(p.lq, block):
         blk = _block(p, rows)
         expected[:, :, rows] = _block_output(p, blk, policy)

@@ -56,21 +56,96 @@ def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
     return u * (c["c_out"] + c["c_acc"] * math.sqrt(n)) + c["c_shift"] * u * p * magnitude
 
 
-def _output_growth(lk: int) -> float:
-    """How the output's rounding grows with the number of keys: c_out + c_acc * sqrt(Lk)."""
+def _output_growth(growth) -> float | np.ndarray:
+    """How the output's rounding grows with the number of keys: c_out + c_acc * growth, growth sqrt(Lk) or, where
+    the summands coincide, Lk (``accumulation_growth``)."""
     c = _constants("sdpa")
-    return c["c_out"] + c["c_acc"] * math.sqrt(lk)
+    return c["c_out"] + c["c_acc"] * growth
 
 
-def sdpa_row_bound(u: float, v_max, weighted_score_error, lk: int):
+def sdpa_row_bound(u: float, v_max, weighted_score_error, growth):
     """The allowed error of an output row that attends some key (spec/tolerances.yaml, sdpa):
-    u * V_i * (c_out + c_acc * sqrt(Lk)) + 2 * c_score * V_i * sum_j p_ij * ds_ij."""
-    return u * v_max * _output_growth(lk) + _constants("sdpa")["c_score"] * 2 * v_max * weighted_score_error
+    u * V_i * (c_out + c_acc * growth) + 2 * c_score * V_i * sum_j p_ij * ds_ij, growth from
+    ``accumulation_growth`` (sqrt(Lk), or Lk per output element whose summands coincide)."""
+    return u * v_max * _output_growth(growth) + _constants("sdpa")["c_score"] * 2 * v_max * weighted_score_error
 
 
-def uniform_row_bound(u: float, v_abs_max, lk: int):
-    """The allowed error of a fully masked row under the 'uniform' policy (the mean of v over all keys)."""
-    return u * v_abs_max * _output_growth(lk)
+def uniform_row_bound(u: float, v, hq: int):
+    """The allowed error of a fully masked row under the 'uniform' policy, the mean of v (B, Hkv, Lk, Dv) over all
+    keys, for each of the hq query heads: (B, hq, 1, Dv), the growth Lk where a feature's summands coincide."""
+    v = np.asarray(v, dtype=np.float64)
+    v_abs_max = oracle.repeat_kv_heads(np.max(np.abs(v), axis=(-2, -1), keepdims=True), hq)
+    weights = np.ones((v.shape[0], hq, 1, v.shape[-2]))
+    return u * v_abs_max * _output_growth(accumulation_growth(weights, v, v.shape[-2], u))
+
+
+def coinciding_spread() -> float:
+    """spec/tolerances.yaml, sdpa: coinciding_spread (a threshold: no safety factor)."""
+    return float(model()["sdpa"]["coinciding_spread"])
+
+
+# Elements (rows x keys x features) gathered at a time where a row's attended keys must be read feature by feature.
+_GATHER_ELEMENTS = 1 << 22
+
+
+def accumulation_growth(weights: np.ndarray, v: np.ndarray, terms: int, u: float,
+                        weights_rounding: float = 0.0) -> float | np.ndarray:
+    """How the rounding of the sum o_id = sum_j p_ij v_jd grows with the number of its terms (spec/tolerances.yaml,
+    sdpa, coinciding summands): sqrt(terms) for independent roundings, ``terms`` for an output element whose
+    summands agree to within coinciding_spread * terms * u, relative (they round alike).
+
+    weights (B, Hq, n, K) float64, 0 on keys a row does not attend; v (B or 1, Hkv, K, Dv), Hkv dividing Hq (query
+    head h reads kv head h // (Hq / Hkv)). ``weights_rounding``: the unit roundoff of the dtype the weights are
+    rounded to before the sum (16-bit paths), under which a row's weights within 2 u of each other count as equal.
+    Returns sqrt(terms) (a float) where no element's summands coincide, else
+    (B, Hq, n, Dv). Only rows with flat weights are read further, and of those only the features that two
+    attended keys (the first and the last) do not already prove spread.
+    """
+    independent = math.sqrt(terms)
+    limit = coinciding_spread() * terms * u
+    attended = weights > 0
+    top = np.max(weights, axis=-1)
+    low = np.min(np.where(attended, weights, np.inf), axis=-1)
+    with np.errstate(invalid="ignore"):
+        weight_spread = np.where(top > 0, (top - low) / np.where(top > 0, top, 1.0), np.inf)  # (B, Hq, n)
+    weight_spread = np.where(weight_spread <= 2.0 * weights_rounding, 0.0, weight_spread)
+    flat = weight_spread <= limit
+    if not flat.any():
+        return independent
+    b, h, i = np.nonzero(flat)
+    group = weights.shape[1] // v.shape[1]
+    vb = b if v.shape[0] > 1 else np.zeros_like(b)
+    rows_attended = attended[b, h, i]  # (F, K)
+    first = np.argmax(rows_attended, axis=-1)
+    last = rows_attended.shape[-1] - 1 - np.argmax(rows_attended[:, ::-1], axis=-1)
+    kv = h // group
+    v_first, v_last = v[vb, kv, first], v[vb, kv, last]  # (F, Dv)
+    budget = limit - weight_spread[b, h, i][:, None]  # what the values' relative spread may use
+    head_all = np.abs(v).max(axis=-2)[vb, kv]  # (F, Dv): >= the largest |v_jd| of any key subset
+    spread_all = (v.max(axis=-2) - v.min(axis=-2))[vb, kv]  # >= the spread over any key subset
+    ends = np.maximum(np.abs(v_first), np.abs(v_last))  # <= the largest |v_jd| over the attended keys
+    # Two attended keys farther apart than the budget: spread (not coinciding); the spread over every key within
+    # it: coinciding. A feature where both ends are 0 and the whole column is not has its spread read below.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread = np.abs(v_first - v_last) > budget * head_all
+        coinciding = (spread_all <= budget * ends) & ~spread
+    undecided = ~spread & ~coinciding
+    step = max(1, _GATHER_ELEMENTS // (v.shape[-2] * v.shape[-1]))
+    for start in range(0, len(b), step):
+        rows = np.arange(start, min(len(b), start + step))
+        rows = rows[undecided[rows].any(axis=-1)]
+        if not len(rows):
+            continue
+        keys = rows_attended[rows][..., None]  # (r, K, 1)
+        values = v[vb[rows], kv[rows]]  # (r, K, Dv)
+        high = np.max(np.where(keys, values, -np.inf), axis=-2)
+        lowest = np.min(np.where(keys, values, np.inf), axis=-2)
+        largest = np.maximum(np.abs(high), np.abs(lowest))
+        exact = (high - lowest) <= budget[rows] * largest
+        coinciding[rows] = np.where(undecided[rows], exact, coinciding[rows])
+    growth = np.full(weights.shape[:-1] + (v.shape[-1],), independent)
+    growth[b, h, i] = np.where(coinciding, float(terms), independent)
+    return growth
 
 
 def _per_query_head(q, k, v, dk=None, dv=None):
@@ -166,7 +241,7 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
         weighted = weighted + c["c_sink"] * u * (np.sum(weights, axis=-1, keepdims=True) * above
                                                  + p_sink * (np.abs(sink) + np.abs(sink - m)))
         terms = lk + 1
-    allowed = sdpa_row_bound(u, v_max, weighted, terms)
+    allowed = sdpa_row_bound(u, v_max, weighted, accumulation_growth(weights, v, terms, u))
     allowed = allowed + c_in * 2 * u_in * v_max
     if dv is not None:
         allowed = allowed + weights @ dv
@@ -241,6 +316,9 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
         log_p = np.where(attended, shift - np.log(np.sum(np.where(attended, np.exp(shift), 0.0), axis=-1,
                                                                 keepdims=True)), -np.inf)
     p = np.exp(log_p)  # the exact weights; 0 on removed keys and on fully masked rows
+    # P @ V's sum grows as Lk where its summands coincide (weights rounded to the dtype first: those within 2 u of
+    # each other may become one value), else as sqrt(Lk). The sink takes no value: it is not a summand.
+    growth = accumulation_growth(p[..., :lk], v, lk, u_acc, weights_rounding=u)
     # delta_ij: the score's own roundings (product, scale, mask addition, max shift) and its float32 sum.
     delta = u * (c["c_score_round"] * np.abs(raw) + np.abs(s) + np.abs(shift))
     keys_delta = c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
@@ -303,7 +381,7 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     allowed = (
         c["c_out"] * u * np.abs(o)  # the output's rounding and the normaliser's
         + c["c_p"] * u * np.sqrt(p2 @ v_squared)  # each weight rounded to the dtype before P @ V
-        + c["c_acc"] * u_acc * math.sqrt(lk) * (p @ v_abs)  # the float32 accumulation of P @ V
+        + c["c_acc"] * u_acc * growth * (p @ v_abs)  # the float32 accumulation of P @ V
         + score_term
     )
     if dv is not None:
@@ -336,9 +414,7 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
     empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
     if policy == "uniform" and variants.get("learnable_sink") is None:
         # a fully masked row is the mean of v: the first-order model's bound for it
-        v_all = oracle.repeat_kv_heads(np.abs(np.asarray(v, dtype=np.float64)), np.shape(q)[1])
-        spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
-        return np.where(empty, spread, allowed)
+        return np.where(empty, uniform_row_bound(u, v, np.shape(q)[1]), allowed)
     return np.where(empty, 0.0, allowed)
 
 
@@ -370,8 +446,7 @@ def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype:
                                   dq, dk, dv, **variants)
     empty = oracle.fully_masked_rows(trace["q_heads"], trace["k_heads"], mask, is_causal, **variants)[..., None]
     # A fully masked row is zeros or, where declared, the mean of v: the first-order model's bound for it.
-    v_all = np.abs(trace["v_heads"])
-    spread = uniform_row_bound(u, np.max(v_all, axis=(-2, -1), keepdims=True), v_all.shape[-2])
+    spread = uniform_row_bound(u, trace["v_heads"], trace["v_heads"].shape[1])
     context_error = np.where(empty, spread, np.broadcast_to(context_error, trace["context"].shape))
     merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)
     # The context's errors of one row are correlated across its elements (shared weights): summed linearly.
