@@ -170,6 +170,31 @@ def _padded(array: np.ndarray, shape: tuple[int, ...], fill=0) -> np.ndarray:
     return out
 
 
+class _HeadBucket:
+    """Query heads (Hkv kv heads of ``group`` query heads each) padded to a bucket of Hkv2 kv heads of group2 query
+    heads, each power of two at least 4 (sdpa_varlen and sdpa_paged of jax_numpy; _Buckets does the same for sdpa):
+    one program for every head layout of a small case. A padded kv head holds zeros, a padded query head is cut."""
+
+    def __init__(self, hq: int, hkv: int):
+        if hq % hkv:
+            raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
+        self.hkv, self.group = hkv, hq // hkv
+        self.hkv2, self.group2 = _bucket(hkv, 4), _bucket(self.group, 4)
+
+    def query(self, x: np.ndarray, axis: int, fill=0) -> np.ndarray:
+        """x with its Hq axis ``axis`` padded to Hkv2 * group2, query head h of kv head h // group kept in place."""
+        x = np.moveaxis(np.asarray(x), axis, 0)
+        grouped = x.reshape((self.hkv, self.group) + x.shape[1:])
+        padded = _padded(grouped, (self.hkv2, self.group2) + x.shape[1:], fill)
+        return np.moveaxis(padded.reshape((self.hkv2 * self.group2,) + x.shape[1:]), 0, axis)
+
+    def real(self, x: np.ndarray, axis: int) -> np.ndarray:
+        """The real Hq heads of a padded Hkv2 * group2 axis ``axis``."""
+        x = np.moveaxis(np.asarray(x), axis, 0)
+        x = x.reshape((self.hkv2, self.group2) + x.shape[1:])[:self.hkv, :self.group]
+        return np.moveaxis(x.reshape((self.hkv * self.group,) + x.shape[2:]), 0, axis)
+
+
 def _per_row_slopes(alibi_slopes, query_seq: np.ndarray, hq: int) -> np.ndarray:
     """(Hq, rows): each packed query row's ALiBi slopes (its sequence's row of (B, Hq), or the (Hq,) ones); 0 without."""
     if alibi_slopes is None:
@@ -1577,7 +1602,7 @@ class JaxNumpy:
     @staticmethod
     def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None, *,
                     seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
-        import jax.numpy as jnp
+        import jax
 
         qh, kh, vh = np.asarray(q), np.asarray(k), np.asarray(v)
         (rows, hq, dk), (cols, hkv, dv) = qh.shape, vh.shape
@@ -1586,13 +1611,20 @@ class JaxNumpy:
         keep = (query_seq[:, None] == key_seq[None, :]) & used[None, :] \
             & _sequence_keep(query_position[:, None], key_position[None, :], is_causal, window)
         distance = np.abs(query_position[:, None] - key_position[None, :]).astype(np.float64)
-        r, c, dk8, dv8 = _bucket(rows, 8), _bucket(cols, 8), -(-dk // 8) * 8, -(-dv // 8) * 8
+        # Rows, keys, heads and head dims padded to buckets (one program per bucket); padded keys are not kept,
+        # padded rows and query heads cut off.
+        r, c, dk2, dv2, heads = _bucket(rows, 32), _bucket(cols, 32), _bucket(dk, 8), _bucket(dv, 8), \
+            _HeadBucket(hq, hkv)
+        options = JaxNumpy._options(qh, scale, softcap, learnable_sink, hq)
+        options["sink"] = heads.query(options["sink"], 0, -np.inf)
         out = _jitted(JaxNumpy._packed)(
-            _padded(qh, (r, hq, dk8)), _padded(kh, (c, hkv, dk8)), _padded(vh, (c, hkv, dv8)),
+            _padded(heads.query(qh, 1), (r, heads.hkv2 * heads.group2, dk2)),
+            _padded(kh, (c, heads.hkv2, dk2)), _padded(vh, (c, heads.hkv2, dv2)),
             _padded(keep, (r, c), False), _padded(distance, (r, c)),
-            _padded(_per_row_slopes(alibi_slopes, query_seq, hq), (hq, r)),
-            **JaxNumpy._options(qh, scale, softcap, learnable_sink, hq))
-        return jnp.asarray(np.asarray(out)[:rows, :, :dv])
+            _padded(heads.query(_per_row_slopes(alibi_slopes, query_seq, hq), 0), (heads.hkv2 * heads.group2, r)),
+            **options)
+        # device_put: jnp.asarray of a NumPy array compiles a program (lax.stage) per shape
+        return jax.device_put(np.ascontiguousarray(heads.real(np.asarray(out)[:rows, :, :dv], 1)))
 
     @staticmethod
     def _packed(q, k, v, keep, distance, slopes, sink, scale, cap, capped):
@@ -1625,7 +1657,7 @@ class JaxNumpy:
     @staticmethod
     def sdpa_paged(q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
                    softcap=None, alibi_slopes=None, learnable_sink=None):
-        import jax.numpy as jnp
+        import jax
 
         qh, kc, vc = np.asarray(q), np.asarray(k_cache), np.asarray(v_cache)
         table = _host_ints(block_table).astype(np.int32)
@@ -1635,14 +1667,24 @@ class JaxNumpy:
         used = _host_ints(seqused_k).reshape(-1, 1, 1)
         distance = np.abs(np.arange(lq).reshape(1, lq, 1) + (used - lq) - np.arange(keys).reshape(1, 1, keys))
         slopes = np.zeros((b, hq)) if alibi_slopes is None else np.broadcast_to(_host_floats(alibi_slopes), (b, hq))
+        # Batch, rows, pages, table width, page size, heads and head dims padded to buckets (one program per bucket):
+        # each page's padded slots and the table's padded entries are keys not kept, padded rows and heads cut off.
         bb, ll, pp, mb = _bucket(b, 4), _bucket(lq, 8), _bucket(pages, 8), _bucket(table.shape[1], 4)
-        dk8, dv8 = -(-dk // 8) * 8, -(-dv // 8) * 8
+        block2, dk2, dv2, heads = _bucket(block, 4), _bucket(dk, 8), _bucket(dv, 8), _HeadBucket(hq, hkv)
+
+        def per_slot(x, fill):  # (B, Lq, blocks * block) -> (bb, ll, mb * block2): each page's slots padded
+            x = _padded(x.reshape(b, lq, table.shape[1], block), (bb, ll, mb, block2), fill)
+            return x.reshape(bb, ll, mb * block2)
+
+        options = JaxNumpy._options(qh, scale, softcap, learnable_sink, hq)
+        options["sink"] = heads.query(options["sink"], 0, -np.inf)
         out = _jitted(JaxNumpy._paged)(
-            _padded(qh, (bb, hq, ll, dk8)), _padded(kc, (pp, block, hkv, dk8)), _padded(vc, (pp, block, hkv, dv8)),
-            _padded(table, (bb, mb)), _padded(keep, (bb, ll, mb * block), False),
-            _padded(distance.astype(np.float64), (bb, ll, mb * block)), _padded(np.asarray(slopes), (bb, hq)),
-            **JaxNumpy._options(qh, scale, softcap, learnable_sink, hq))
-        return jnp.asarray(np.asarray(out)[:b, :, :lq, :dv])
+            _padded(heads.query(qh, 1), (bb, heads.hkv2 * heads.group2, ll, dk2)),
+            _padded(kc, (pp, block2, heads.hkv2, dk2)), _padded(vc, (pp, block2, heads.hkv2, dv2)),
+            _padded(table, (bb, mb)), per_slot(keep, False), per_slot(distance.astype(np.float64), 0),
+            _padded(heads.query(np.asarray(slopes), 1), (bb, heads.hkv2 * heads.group2)), **options)
+        # device_put: jnp.asarray of a NumPy array compiles a program (lax.stage) per shape
+        return jax.device_put(np.ascontiguousarray(heads.real(np.asarray(out)[:b, :, :lq, :dv], 1)))
 
     @staticmethod
     def _paged(q, k_cache, v_cache, table, keep, distance, slopes, sink, scale, cap, capped):

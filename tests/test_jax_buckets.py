@@ -1,4 +1,5 @@
-"""jax_numpy's buckets (implementations/builtin.py, JaxNumpy._sdpa_in_buckets, _mha_in_buckets): concrete arrays are
+"""jax_numpy's buckets (implementations/builtin.py, JaxNumpy._sdpa_in_buckets, _mha_in_buckets, and the _HeadBucket
+of sdpa_varlen and sdpa_paged): concrete arrays are
 padded on the host to a few program shapes (lengths, head dims, batch, kv heads, query heads per kv head) and cut
 after; the result is the unpadded computation's, and every shape inside a bucket runs one compiled program."""
 from __future__ import annotations
@@ -164,3 +165,65 @@ def test_an_eager_vjp_runs_the_bucketed_backward(monkeypatch):
         q, k, v = _inputs(*shape)
         jax.vjp(lambda q, k, v: JaxNumpy.sdpa(q, k, v), q, k, v)[1](np.ones(q.shape[:3] + (v.shape[3],), np.float32))
     assert len(called) == 2
+
+
+def _signatures_of(monkeypatch, target) -> set:
+    """The (shape, dtype) signatures ``target`` (a jitted JaxNumpy body) is called with from now on."""
+    signatures: set = set()
+    real = builtin._jitted
+
+    def recording(fn, *static):
+        program = real(fn, *static)
+        if fn is not target:
+            return program
+
+        def call(*args, **kwargs):
+            arrays = (*args, *(kwargs[name] for name in sorted(kwargs)))
+            signatures.add(tuple((np.shape(a), np.asarray(a).dtype.name) for a in arrays))
+            return program(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(builtin, "_jitted", recording)
+    return signatures
+
+
+def _paged_inputs(b, hq, hkv, lq, block, blocks, d, seed=0):
+    rng = np.random.default_rng(seed)
+    pages = b * blocks + 1
+    q = rng.standard_normal((b, hq, lq, d)).astype(np.float32)
+    caches = [rng.standard_normal((pages, block, hkv, d)).astype(np.float32) for _ in range(2)]
+    table = rng.permutation(pages)[:b * blocks].reshape(b, blocks).astype(np.int32)
+    used = rng.integers(lq, blocks * block + 1, size=b).astype(np.int32)
+    return q, *caches, table, used
+
+
+def _paged_variants(hq):
+    return dict(window=(3, None), softcap=4.0, alibi_slopes=np.linspace(0.1, 0.5, hq).astype(np.float32),
+                learnable_sink=np.linspace(-1.0, 1.0, hq).astype(np.float32))
+
+
+def test_bucketed_paged_and_packed_attention_equal_numpy_native():
+    """Heads (GQA, 6 query heads on 2 kv heads), page size, rows and head dims padded: NumpyNative's results, which
+    compute every sequence at its own shapes."""
+    from attention_conformance.implementations.builtin import NumpyNative
+
+    q, kc, vc, table, used = _paged_inputs(2, 6, 2, 3, 3, 4, 5)
+    for variants in ({}, _paged_variants(6)):
+        got = np.asarray(JaxNumpy.sdpa_paged(q, kc, vc, table, used, True, None, **variants))
+        want = NumpyNative.sdpa_paged(q, kc, vc, table, used, True, None, **variants)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    rng = np.random.default_rng(3)
+    cu_q, cu_k = np.array([0, 3, 8], np.int32), np.array([0, 5, 12], np.int32)
+    q, k, v = (rng.standard_normal((n, h, 5)).astype(np.float32) for n, h in ((8, 6), (12, 2), (12, 2)))
+    for variants in ({}, _paged_variants(6)):
+        got = np.asarray(JaxNumpy.sdpa_varlen(q, k, v, cu_q, cu_k, 5, 7, True, 0.3, **variants))
+        want = NumpyNative.sdpa_varlen(q, k, v, cu_q, cu_k, 5, 7, True, 0.3, **variants)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_paged_caches_of_other_head_layouts_and_page_sizes_run_one_program(monkeypatch):
+    signatures = _signatures_of(monkeypatch, JaxNumpy._paged)
+    # (B, Hq, Hkv, Lq, page size, blocks per sequence, D): up to 4 of each head kind, pages of up to 4 slots
+    for shape in ((1, 1, 1, 1, 1, 2, 8), (2, 3, 1, 2, 3, 2, 8), (2, 3, 3, 4, 2, 3, 5), (1, 8, 4, 1, 4, 4, 8)):
+        JaxNumpy.sdpa_paged(*_paged_inputs(*shape))
+    assert len(signatures) == 1
