@@ -1266,17 +1266,56 @@ class JaxDotProductAttention:
         if query_offset:
             raise NotImplementedError("jax.nn.dot_product_attention has no query offset: is_causal and "
                                       "local_window_size are aligned at query 0")
+        if window is not None:  # an unbounded side: a size beyond every distance between a query and a key
+            beyond = q.shape[2] + k.shape[2]
+            window = tuple(beyond if side is None else int(side) for side in window)
+        variants = _used(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
+                         key_lengths=key_lengths)
+        # One program per structure: is_causal and the window static; the scale (a traced scalar; None stays
+        # static), the mask and the variants' arrays traced.
+        static = ("is_causal", "window") if variants else ("is_causal",)
+        options = dict(variants, is_causal=is_causal, scale=None if scale is None else np.float64(scale))
         with _xla_gpu_dot_refusal_unsupported():
-            if window is None and alibi_slopes is None and query_lengths is None and key_lengths is None:
-                return _jax_sdpa(JaxDotProductAttention._sdpa, q, k, v, mask, is_causal, scale)
-            if window is not None:  # an unbounded side: a size beyond every distance between a query and a key
-                beyond = q.shape[2] + k.shape[2]
-                window = tuple(beyond if side is None else int(side) for side in window)
-            if scale is not None:
-                scale = np.float64(scale)
-            return _jitted(JaxDotProductAttention._sdpa, "is_causal", "window")(
-                q, k, v, mask, is_causal=is_causal, scale=scale, window=window, alibi_slopes=alibi_slopes,
-                query_lengths=query_lengths, key_lengths=key_lengths)
+            if _differentiated_eagerly(q, k, v, mask) and not _traced(alibi_slopes, query_lengths, key_lengths):
+                return JaxDotProductAttention._sdpa_vjp(q, k, v, mask, static, options)
+            return _jitted(JaxDotProductAttention._sdpa, *static)(q, k, v, mask, **options)
+
+    @staticmethod
+    def _sdpa_vjp(q, k, v, mask, static: tuple, options: dict):
+        """sdpa under an eager jax.vjp (the gradient tests): a custom_vjp whose forward is the forward tests' own
+        program and whose backward is jax.vjp of the same body, one jitted program (forward recomputed, then the
+        backward), as a jitted training step runs it. The plain eager vjp compiled a forward with its residuals and
+        a backward per case. Differentiated: q, k, v and a float mask; a boolean mask is a constant."""
+        import jax
+
+        boolean = mask if mask is not None and np.dtype(mask.dtype) == np.bool_ else None
+        forward = _jitted(JaxDotProductAttention._sdpa, *static)
+        backward = _jitted(JaxDotProductAttention._sdpa_backward, *static)
+
+        @jax.custom_vjp
+        def attend(q, k, v, bias):
+            return forward(q, k, v, boolean if bias is None else bias, **options)
+
+        def forward_rule(q, k, v, bias):
+            return attend(q, k, v, bias), (q, k, v, bias)
+
+        def backward_rule(saved, d_out):
+            q, k, v, bias = saved
+            return tuple(backward(q, k, v, boolean if bias is None else bias, d_out, **options)) + (
+                (None,) if bias is None else ())
+
+        attend.defvjp(forward_rule, backward_rule)
+        return attend(q, k, v, None if boolean is not None else mask)
+
+    @staticmethod
+    def _sdpa_backward(q, k, v, mask, d_out, **options):
+        """(dq, dk, dv), and dmask for a float mask: the vjp of _sdpa at (q, k, v, mask) for upstream d_out."""
+        import jax
+
+        if mask is None or mask.dtype == bool:
+            return jax.vjp(lambda q, k, v: JaxDotProductAttention._sdpa(q, k, v, mask, **options), q, k, v)[1](d_out)
+        return jax.vjp(lambda q, k, v, m: JaxDotProductAttention._sdpa(q, k, v, m, **options), q, k, v, mask)[1](
+            d_out)
 
     @staticmethod
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None, window=None, alibi_slopes=None, query_lengths=None,

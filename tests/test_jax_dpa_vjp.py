@@ -1,0 +1,67 @@
+"""jax_dpa under an eager jax.vjp (the gradient tests): a custom_vjp whose forward is the forward tests' program and
+whose backward is one jitted vjp of the same body (implementations/builtin.py, JaxDotProductAttention._sdpa_vjp).
+Its gradients are those of jax.vjp of the traced body, and the backward is what an eager vjp runs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attention_conformance.implementations import builtin
+from attention_conformance.implementations.builtin import JaxDotProductAttention
+
+jax = pytest.importorskip("jax")
+
+pytestmark = pytest.mark.selfcheck
+
+CASES = {
+    # (B, Hq, Hkv, Lq, Lk, D), the call's options, the mask: None, "bool" (a constant) or a float mask's shape
+    "gqa-causal-float-mask": ((2, 4, 2, 5, 7, 8), dict(is_causal=True), (1, 4, 5, 7)),
+    "bool-mask-scale": ((1, 2, 2, 3, 6, 4), dict(scale=-0.5), "bool"),
+    "window-alibi-lengths": ((2, 2, 1, 4, 9, 8), dict(
+        window=(2, None), alibi_slopes=np.array([0.5, 0.25], np.float32), key_lengths=np.array([9, 5], np.int32)),
+        None),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_eager_vjp_equals_the_vjp_of_the_traced_body(name):
+    (b, hq, hkv, lq, lk, d), options, mask_kind = CASES[name]
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((b, hq, lq, d), (b, hkv, lk, d),
+                                                                           (b, hkv, lk, d)))
+    boolean = (rng.random((b, hq, lq, lk)) < 0.7) if mask_kind == "bool" else None
+    if boolean is not None:
+        boolean[..., 0] = True
+    float_mask = rng.standard_normal(mask_kind).astype(np.float32) if isinstance(mask_kind, tuple) else None
+    primals = [q, k, v] + ([float_mask] if float_mask is not None else [])
+    d_out = rng.standard_normal((b, hq, lq, d)).astype(np.float32)
+
+    def attention(q, k, v, *mask):
+        return JaxDotProductAttention.sdpa(q, k, v, mask[0] if mask else boolean, **options)
+
+    def gradients(*arrays):
+        out, pullback = jax.vjp(attention, *arrays)
+        return out, pullback(d_out)
+
+    eager_out, eager = gradients(*primals)
+    traced_out, traced = jax.jit(gradients)(*primals)  # under jit: the plain traced body, no custom_vjp
+    np.testing.assert_allclose(np.asarray(eager_out), np.asarray(traced_out), rtol=2e-5, atol=2e-6)
+    assert len(eager) == len(primals)
+    for got, want, primal in zip(eager, traced, primals):
+        assert got.shape == primal.shape
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5)
+
+
+def test_an_eager_vjp_runs_the_forward_program_and_one_backward(monkeypatch):
+    called = []
+    real = builtin._jitted
+
+    def recording(fn, *static):
+        called.append(fn)
+        return real(fn, *static)
+
+    monkeypatch.setattr(builtin, "_jitted", recording)
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3))
+    jax.vjp(lambda q, k, v: JaxDotProductAttention.sdpa(q, k, v), q, k, v)[1](np.ones((1, 2, 3, 4), np.float32))
+    assert called.count(JaxDotProductAttention._sdpa) == 1 and called.count(JaxDotProductAttention._sdpa_backward) == 1
