@@ -75,7 +75,7 @@ def test_decode_against_a_long_cache(impl, device, dtype, case):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(), gqa=False,
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(),
                        clauses=("sdpa.scale-default", "sdpa.definition")))
 def test_default_scale(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -83,7 +83,7 @@ def test_default_scale(impl, device, dtype, case):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), gqa=False,
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False),
                        scale=st.sampled_from([0.0, -1.0, 0.3, 2.0, -0.05]), clauses=("sdpa.scale-explicit",)))
 def test_explicit_scale(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -91,7 +91,7 @@ def test_explicit_scale(impl, device, dtype, case):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("bool-full",), causal=st.just(False), scale=st.none(), gqa=False,
+@given(case=sdpa_cases(mask_kinds=("bool-full",), causal=st.just(False), scale=st.none(),
                        clauses=("mask.bool-true-attends",)))
 def test_bool_mask(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -99,7 +99,7 @@ def test_bool_mask(impl, device, dtype, case):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("float", "float-large"), causal=st.just(False), scale=st.none(), gqa=False,
+@given(case=sdpa_cases(mask_kinds=("float", "float-large"), causal=st.just(False), scale=st.none(),
                        clauses=("mask.float-additive",)))
 def test_float_mask(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -109,14 +109,14 @@ def test_float_mask(impl, device, dtype, case):
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("bool-2d", "key-padding", "per-head", "bool-query-keys", "bool-3d-per-head",
                                    "bool-3d-shared", "float-3d"), causal=st.just(False),
-                       scale=st.none(), gqa=False, clauses=("mask.broadcast",)))
+                       scale=st.none(), clauses=("mask.broadcast",)))
 def test_mask_broadcast(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(True), scale=st.none(), gqa=False,
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(True), scale=st.none(),
                        clauses=("causal.top-left",)))
 def test_causal_top_left(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -125,14 +125,14 @@ def test_causal_top_left(impl, device, dtype, case):
 @property_test
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "float"), causal=st.just(True), scale=st.none(),
-                       gqa=False, clauses=("causal.top-left", "mask.bool-true-attends")))
+                       clauses=("causal.top-left", "mask.bool-true-attends")))
 def test_causal_with_mask(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(), gqa=False,
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(),
                        bottom_right_mask=True, allow_empty_rows=True, clauses=("causal.bottom-right-explicit",)))
 def test_bottom_right_causal_as_mask(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -157,7 +157,7 @@ def test_gqa_mapping(impl, device, dtype, group, data):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "float"), allow_empty_rows=True, gqa=False,
+@given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "float"), allow_empty_rows=True,
                        clauses=("mask.fully-masked-row",)))
 def test_fully_masked_rows(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -165,7 +165,7 @@ def test_fully_masked_rows(impl, device, dtype, case):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("none", "bool-full"), scale=st.none(), sigmas=("large",), gqa=False,
+@given(case=sdpa_cases(mask_kinds=("none", "bool-full"), scale=st.none(), sigmas=("large",),
                        clauses=("softmax.large-inputs", "sdpa.finite")))
 def test_large_scores(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -173,7 +173,7 @@ def test_large_scores(impl, device, dtype, case):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(), gqa=False,
+@given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(False), scale=st.none(),
                        clauses=("sdpa.cross-attention", "sdpa.value-dim")))
 def test_cross_attention_and_value_dim(impl, device, dtype, case):
     check(impl, device, dtype, case)
@@ -240,7 +240,7 @@ def test_masked_keys_have_no_influence(impl, device, dtype, case):
 # Decided before any call: a kernel without float masks had every example discarded (about 460 a run).
 @property_test(derives=(DerivedCase("adds a float mask to every score", sets={"mask_kind": "float"}),))
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("none",), scale=st.none(), gqa=False, clauses=("softmax.shift-invariance",)),
+@given(case=sdpa_cases(mask_kinds=("none",), scale=st.none(), clauses=("softmax.shift-invariance",)),
        shift=st.sampled_from([-7.0, 3.0, 50.0]))
 def test_shift_invariance(impl, device, dtype, case, shift):
     """A float mask that adds the same constant to every score of a row changes nothing."""
