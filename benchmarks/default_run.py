@@ -15,8 +15,9 @@ this checkout (conformance/, every built-in, the plugin's ``-n auto``), made fre
   (``.attention-conformance/jax``, as pytest's cache is off), filled by a first, unreported run when it is empty.
 
 A run that is not green (exit status other than 0) is a false alarm on the built-ins: its failing lines are printed.
-Wall time is measured around the subprocess (interpreter start and exit included). Compare figures only between runs
-on the same, otherwise idle machine.
+Wall time is measured around the subprocess (interpreter start and exit included), and so is the CPU time of the run's
+processes (user + system of pytest and its workers), which varies less on a shared machine. Compare figures only
+between runs on the same, otherwise idle machine.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,13 +45,18 @@ def one_run(cold: bool, extra: list[str]) -> dict:
         command = COMMAND + ([f"--jax-compilation-cache={jax_cache}"] if cold else []) + extra
         env = dict(os.environ, HYPOTHESIS_STORAGE_DIRECTORY=storage)
         env.pop("JAX_COMPILATION_CACHE_DIR", None)  # it would win over the option
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU of the run's processes (pytest, its workers: each waited for by its parent), user + system: on a shared
+    # machine it varies less than the wall time, so an A/B compares both.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     out = done.stdout + done.stderr
     last = [line for line in out.splitlines() if OUTCOME.search(line) and " in " in line]
     counts = {kind: int(n) for n, kind in OUTCOME.findall(last[-1])} if last else {}
-    return {"exit": done.returncode, "wall_s": round(wall, 2), "counts": counts,
+    return {"exit": done.returncode, "wall_s": round(wall, 2), "cpu_s": round(cpu, 1), "counts": counts,
             "failures": [line for line in out.splitlines() if line.startswith(("FAILED ", "ERROR "))][:20],
             "tail": "" if done.returncode == 0 else out[-3000:]}
 
@@ -73,7 +80,7 @@ def main(argv=None) -> int:
         record = one_run(args.cold, args.pytest_args)
         runs.append(record)
         print(f"run {index + 1}/{args.runs} ({'cold' if args.cold else 'warm'}): exit {record['exit']}, "
-              f"{record['wall_s']:.1f} s, {record['counts']}", flush=True)
+              f"{record['wall_s']:.1f} s ({record['cpu_s']:.1f} s of CPU), {record['counts']}", flush=True)
         for line in record["failures"]:
             print("    " + line, flush=True)
         if record["exit"] not in (0, 1):
@@ -83,7 +90,7 @@ def main(argv=None) -> int:
                 handle.write(json.dumps({**record, "cold": args.cold}) + "\n")
     green = sum(r["exit"] == 0 for r in runs)
     print(f"\n{'cold' if args.cold else 'warm'} default run, {len(runs)} runs: {spread([r['wall_s'] for r in runs])}; "
-          f"green {green}/{len(runs)} (false alarms: {len(runs) - green})")
+          f"CPU {spread([r['cpu_s'] for r in runs])}; green {green}/{len(runs)} (false alarms: {len(runs) - green})")
     return 0 if green == len(runs) else 1
 
 
