@@ -6,6 +6,7 @@ operation's output.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -79,9 +80,23 @@ def uniform_row_bound(u: float, v, hq: int):
     return u * v_abs_max * _output_growth(accumulation_growth(weights, v, v.shape[-2], u))
 
 
+_SQRT_GROWTH_ONLY = [False]  # without_coinciding_summands(): every sum grows as sqrt(Lk), as before the rule
+
+
 def coinciding_spread() -> float:
     """spec/tolerances.yaml, sdpa: coinciding_spread (a threshold: no safety factor)."""
-    return float(model()["sdpa"]["coinciding_spread"])
+    return -1.0 if _SQRT_GROWTH_ONLY[0] else float(model()["sdpa"]["coinciding_spread"])
+
+
+@contextlib.contextmanager
+def without_coinciding_summands():
+    """The model as it was before the coinciding-summands rule (every sum grows as sqrt(Lk)): what the rule's
+    measurement (benchmarks/coinciding_summands.py) and its self-check compare against."""
+    _SQRT_GROWTH_ONLY[0] = True
+    try:
+        yield
+    finally:
+        _SQRT_GROWTH_ONLY[0] = False
 
 
 # Elements (rows x keys x features) gathered at a time where a row's attended keys must be read feature by feature.

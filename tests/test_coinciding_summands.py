@@ -6,7 +6,6 @@ such a case (test_masked_weights_sum_to_one, scale 0, Lk 2047) and failed torch_
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -18,17 +17,6 @@ from zoo import broken_mask_after_softmax
 pytestmark = pytest.mark.selfcheck
 
 LK = 2047  # the drawn case's length
-
-
-@contextlib.contextmanager
-def sqrt_growth_only():
-    """The model before the rule: every sum grows as sqrt(Lk)."""
-    kept = tolerances.coinciding_spread
-    tolerances.coinciding_spread = lambda: -1.0
-    try:
-        yield
-    finally:
-        tolerances.coinciding_spread = kept
 
 
 def sequential_sdpa(q, k, v, mask, scale):
@@ -61,7 +49,7 @@ def test_a_running_sum_of_coinciding_summands_passes_and_failed_before_the_rule(
     q, k, v, mask = drawn_case(np.random.default_rng(0), dtype=np.dtype(dtype))
     got = sequential_sdpa(q, k, v, mask, 0.0)
     assert ratio(got, q, k, v, mask, 0.0, dtype) < 0.1
-    with sqrt_growth_only():
+    with tolerances.without_coinciding_summands():
         assert ratio(got, q, k, v, mask, 0.0, dtype) > 1.0  # the false alarm the rule mends
 
 
@@ -87,7 +75,7 @@ def test_varied_summands_keep_the_sqrt_growth():
     for v, scale in ((v_random, 0.0), (v_constant, None), (v_constant, 0.02)):  # flat weights or constant v alone
         weights = oracle.attention_weights(q, k, mask, False, scale)
         assert np.all(tolerances.accumulation_growth(weights, v.astype(np.float64), LK, 2.0**-24) == math.sqrt(LK))
-        with sqrt_growth_only():
+        with tolerances.without_coinciding_summands():
             before = tolerances.sdpa_allowed(q, k, v, mask, False, scale, "float32")
         assert np.array_equal(*np.broadcast_arrays(tolerances.sdpa_allowed(q, k, v, mask, False, scale, "float32"),
                                                    before))
@@ -130,7 +118,7 @@ def test_a_fully_masked_uniform_row_of_constant_values_grows_as_lk_and_the_block
     q, mask = np.repeat(q, 3, axis=2), np.repeat(mask, 3, axis=2)
     mask[..., 1, :] = False  # row 1: fully masked, the mean of v under 'uniform'
     allowed = tolerances.sdpa_allowed(q, k, v, mask, False, 0.0, "float32", "uniform")
-    with sqrt_growth_only():
+    with tolerances.without_coinciding_summands():
         before = tolerances.sdpa_allowed(q, k, v, mask, False, 0.0, "float32", "uniform")
     assert np.all(allowed[..., 1, :] > 10 * before[..., 1, :])
     for block in (1, 2):

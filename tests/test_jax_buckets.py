@@ -10,6 +10,8 @@ import pytest
 from attention_conformance.implementations import builtin
 from attention_conformance.implementations.builtin import JaxNumpy
 
+from .jax_vjp import assert_eager_vjp_equals_the_jitted
+
 jax = pytest.importorskip("jax")
 
 pytestmark = pytest.mark.selfcheck
@@ -26,6 +28,26 @@ def _unpadded(q, k, v, mask=None, is_causal=False, scale=None, **variants):
     """The same sdpa traced at the case's own shapes (the path gradients take): no bucket, no padding."""
     return np.asarray(jax.jit(lambda q, k, v, mask: JaxNumpy.sdpa(q, k, v, mask, is_causal, scale, **variants))(
         q, k, v, mask))
+
+
+def _signatures_of(monkeypatch, target) -> set:
+    """The (shape, dtype) signatures ``target`` (a jitted JaxNumpy body) is called with from now on."""
+    signatures: set = set()
+    real = builtin._jitted
+
+    def recording(fn, *static):
+        program = real(fn, *static)
+        if fn is not target:
+            return program
+
+        def call(*args, **kwargs):
+            arrays = (*args, *(kwargs[name] for name in sorted(kwargs)))
+            signatures.add(tuple((np.shape(a), np.asarray(a).dtype.name) for a in arrays))
+            return program(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(builtin, "_jitted", recording)
+    return signatures
 
 
 CASES = {
@@ -60,21 +82,7 @@ def test_a_bucketed_sdpa_equals_the_unpadded_computation(name):
 
 
 def test_every_shape_inside_a_bucket_runs_one_program(monkeypatch):
-    signatures = set()  # the shapes and dtypes _sdpa_uniform is called with: one signature, one XLA program
-    real = builtin._jitted
-
-    def recording(fn, *static):
-        program = real(fn, *static)
-        if fn is not JaxNumpy._sdpa_uniform:
-            return program
-
-        def call(*args, **kwargs):
-            arrays = (*args, *(kwargs[name] for name in sorted(kwargs)))
-            signatures.add(tuple((np.shape(a), np.asarray(a).dtype.name) for a in arrays))
-            return program(*args, **kwargs)
-        return call
-
-    monkeypatch.setattr(builtin, "_jitted", recording)
+    signatures = _signatures_of(monkeypatch, JaxNumpy._sdpa_uniform)  # one signature, one XLA program
     # (B, Hq, Hkv, Lq, Lk, Dk, Dv): at most 4 (batch entry, kv head) pairs, 4 query heads per kv head, lengths up
     # to 32 and head dims up to 64
     small = [(1, 1, 1, 1, 1, 1, 1), (1, 1, 1, 2, 3, 5, 5), (2, 3, 1, 9, 17, 13, 13), (1, 4, 4, 30, 31, 20, 32),
@@ -137,17 +145,7 @@ def test_bucketed_gradients_equal_the_traced_gradients(name):
         return JaxNumpy.sdpa(q, k, v, boolean if float_mask is None else float_mask, learnable_sink=learnable,
                              **options)
 
-    def gradients(*arrays):
-        out, pullback = jax.vjp(attention, *arrays)
-        return out, pullback(d_out)
-
-    eager_out, eager = gradients(*primals)
-    traced_out, traced = jax.jit(gradients)(*primals)
-    np.testing.assert_allclose(np.asarray(eager_out), np.asarray(traced_out), rtol=2e-5, atol=2e-6)
-    assert len(eager) == len(primals)
-    for got, want, primal in zip(eager, traced, primals):
-        assert got.shape == primal.shape
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5)
+    assert_eager_vjp_equals_the_jitted(attention, primals, d_out)
 
 
 def test_an_eager_vjp_runs_the_bucketed_backward(monkeypatch):
@@ -166,25 +164,6 @@ def test_an_eager_vjp_runs_the_bucketed_backward(monkeypatch):
         jax.vjp(lambda q, k, v: JaxNumpy.sdpa(q, k, v), q, k, v)[1](np.ones(q.shape[:3] + (v.shape[3],), np.float32))
     assert len(called) == 2
 
-
-def _signatures_of(monkeypatch, target) -> set:
-    """The (shape, dtype) signatures ``target`` (a jitted JaxNumpy body) is called with from now on."""
-    signatures: set = set()
-    real = builtin._jitted
-
-    def recording(fn, *static):
-        program = real(fn, *static)
-        if fn is not target:
-            return program
-
-        def call(*args, **kwargs):
-            arrays = (*args, *(kwargs[name] for name in sorted(kwargs)))
-            signatures.add(tuple((np.shape(a), np.asarray(a).dtype.name) for a in arrays))
-            return program(*args, **kwargs)
-        return call
-
-    monkeypatch.setattr(builtin, "_jitted", recording)
-    return signatures
 
 
 def _paged_inputs(b, hq, hkv, lq, block, blocks, d, seed=0):

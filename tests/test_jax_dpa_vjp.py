@@ -9,6 +9,8 @@ import pytest
 from attention_conformance.implementations import builtin
 from attention_conformance.implementations.builtin import JaxDotProductAttention
 
+from .jax_vjp import assert_eager_vjp_equals_the_jitted
+
 jax = pytest.importorskip("jax")
 
 pytestmark = pytest.mark.selfcheck
@@ -39,17 +41,7 @@ def test_the_eager_vjp_equals_the_vjp_of_the_traced_body(name):
     def attention(q, k, v, *mask):
         return JaxDotProductAttention.sdpa(q, k, v, mask[0] if mask else boolean, **options)
 
-    def gradients(*arrays):
-        out, pullback = jax.vjp(attention, *arrays)
-        return out, pullback(d_out)
-
-    eager_out, eager = gradients(*primals)
-    traced_out, traced = jax.jit(gradients)(*primals)  # under jit: the plain traced body, no custom_vjp
-    np.testing.assert_allclose(np.asarray(eager_out), np.asarray(traced_out), rtol=2e-5, atol=2e-6)
-    assert len(eager) == len(primals)
-    for got, want, primal in zip(eager, traced, primals):
-        assert got.shape == primal.shape
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=2e-5)
+    assert_eager_vjp_equals_the_jitted(attention, primals, d_out)  # under jit: the traced body, no custom_vjp
 
 
 def test_an_eager_vjp_runs_the_forward_program_and_one_backward(monkeypatch):
