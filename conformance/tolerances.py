@@ -6,7 +6,6 @@ operation's output.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -80,23 +79,10 @@ def uniform_row_bound(u: float, v, hq: int):
     return u * v_abs_max * _output_growth(accumulation_growth(weights, v, v.shape[-2], u))
 
 
-_SQRT_GROWTH_ONLY = [False]  # without_coinciding_summands(): every sum grows as sqrt(Lk), as before the rule
-
-
 def coinciding_spread() -> float:
-    """spec/tolerances.yaml, sdpa: coinciding_spread (a threshold: no safety factor)."""
-    return -1.0 if _SQRT_GROWTH_ONLY[0] else float(model()["sdpa"]["coinciding_spread"])
-
-
-@contextlib.contextmanager
-def without_coinciding_summands():
-    """The model as it was before the coinciding-summands rule (every sum grows as sqrt(Lk)): what the rule's
-    measurement (benchmarks/coinciding_summands.py) and its self-check compare against."""
-    _SQRT_GROWTH_ONLY[0] = True
-    try:
-        yield
-    finally:
-        _SQRT_GROWTH_ONLY[0] = False
+    """spec/tolerances.yaml, sdpa: coinciding_spread (a threshold: no safety factor). Replaced by -1 (no spread is
+    that small), it gives the model before the rule, as benchmarks/coinciding_summands.py compares."""
+    return float(model()["sdpa"]["coinciding_spread"])
 
 
 # Elements (rows x keys x features) gathered at a time where a row's attended keys must be read feature by feature.
@@ -427,7 +413,7 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
     # Rows without keys: exactly 0 under 'zeros', and with a learnable sink under every policy (its weight takes
     # the whole row: oracle.attention_weights).
     empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
-    if policy == "uniform" and variants.get("learnable_sink") is None:
+    if policy == "uniform" and variants.get("learnable_sink") is None and empty.any():
         # a fully masked row is the mean of v: the first-order model's bound for it
         return np.where(empty, uniform_row_bound(u, v, np.shape(q)[1]), allowed)
     return np.where(empty, 0.0, allowed)

@@ -1199,6 +1199,12 @@ class TorchMultiheadAttentionModule:
         return out
 
 
+def _bounded_window(window, lq: int, lk: int):
+    """jax.nn.dot_product_attention's local_window_size for a window: an unbounded side (None) becomes a size
+    beyond every distance between a query and a key."""
+    return None if window is None else tuple(lq + lk if side is None else int(side) for side in window)
+
+
 @contextlib.contextmanager
 def _xla_gpu_dot_refusal_unsupported():
     """XLA:GPU's refusal of a dot algorithm becomes NotImplementedError (unsupported, reported with its reason).
@@ -1269,10 +1275,7 @@ class JaxDotProductAttention:
         if query_offset:
             raise NotImplementedError("jax.nn.dot_product_attention has no query offset: is_causal and "
                                       "local_window_size are aligned at query 0")
-        if window is not None:  # an unbounded side: a size beyond every distance between a query and a key
-            beyond = q.shape[2] + k.shape[2]
-            window = tuple(beyond if side is None else int(side) for side in window)
-        variants = _used(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
+        variants = _used(window=_bounded_window(window, q.shape[2], k.shape[2]), alibi_slopes=alibi_slopes, query_lengths=query_lengths,
                          key_lengths=key_lengths)
         # One program per structure: is_causal and the window static; the scale (a traced scalar; None stays
         # static), the mask and the variants' arrays traced.
@@ -1315,10 +1318,11 @@ class JaxDotProductAttention:
         """(dq, dk, dv), and dmask for a float mask: the vjp of _sdpa at (q, k, v, mask) for upstream d_out."""
         import jax
 
-        if mask is None or mask.dtype == bool:
-            return jax.vjp(lambda q, k, v: JaxDotProductAttention._sdpa(q, k, v, mask, **options), q, k, v)[1](d_out)
-        return jax.vjp(lambda q, k, v, m: JaxDotProductAttention._sdpa(q, k, v, m, **options), q, k, v, mask)[1](
-            d_out)
+        def attend(q, k, v, m=mask):
+            return JaxDotProductAttention._sdpa(q, k, v, m, **options)
+
+        primals = (q, k, v) if mask is None or mask.dtype == bool else (q, k, v, mask)  # a boolean mask: a constant
+        return jax.vjp(attend, *primals)[1](d_out)
 
     @staticmethod
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None, window=None, alibi_slopes=None, query_lengths=None,
@@ -1360,9 +1364,7 @@ class JaxDotProductAttention:
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
                              alibi_slopes=None, query_lengths=None, key_lengths=None):
         # The variants its sdpa takes, converted as there (an unbounded window side beyond every distance).
-        if window is not None:
-            beyond = query.shape[1] + key.shape[1]
-            window = tuple(beyond if side is None else int(side) for side in window)
+        window = _bounded_window(window, query.shape[1], key.shape[1])
         with _xla_gpu_dot_refusal_unsupported():
             return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal,
                             **_used(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
