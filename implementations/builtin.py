@@ -272,9 +272,9 @@ class _Buckets:
     are independent given their kv head): entries and query heads per kv head are padded on the host to powers of two
     (at least 4 for a small case, of at most SMALL_BUCKET_SCORES padded scores, else at least 2), lengths to powers of
     two from 32, head dims from 64. Every option is an array (JaxNumpy._uniform_options), neutral where unused;
-    key lengths, left pads, ALiBi slopes and sink logits go with their entry. The padded keys are removed (key
-    lengths), the padded head-dim columns are zeros (their products add 0), the padded query rows, heads and entries
-    (every key removed: zeros) are cut off: the same arithmetic on the real rows, up to the order of XLA's sums
+    the attended keys (keep), the float mask, ALiBi slopes and sink logits go with their entry. The padded keys are
+    not kept, the padded head-dim columns are zeros (their products add 0), the padded query rows, heads and entries
+    (no key kept: zeros) are cut off: the same arithmetic on the real rows, up to the order of XLA's sums
     (within the tolerance model, which holds for any order). Over jax_numpy's tests in one process this layout
     makes 22 forward programs where batch, kv heads and group padded apart (head dims from 32) made 35, with less
     padded work (4.7 against 6.4 G multiply-adds). ``padded``: (q, k, v); ``options``: _sdpa_uniform's other
@@ -292,12 +292,9 @@ class _Buckets:
         self.entries2, self.group2 = _bucket(self.entries, least), _bucket(self.group, least)
         options = JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal, scale,
                                             **variants)
-        per_entry = functools.partial(np.repeat, repeats=self.hkv)  # (B,) -> (B * Hkv,): entry b * Hkv + kv
         options.update(keep=self.heads(options["keep"], (self.rows, self.keys), False),
                        bias=self.heads(options["bias"], (self.rows, self.keys)),
-                       slopes=self.heads(options["slopes"], ()), sink=self.heads(options["sink"], ()),
-                       lengths=_padded(per_entry(options["lengths"]), (self.entries2,)),
-                       pads=_padded(per_entry(options["pads"]), (self.entries2,)))
+                       slopes=self.heads(options["slopes"], ()), sink=self.heads(options["sink"], ()))
         self.options = options
         kv = (self.entries2, 1, self.keys)
         self.padded = (self.heads(q, (self.rows, self.dk2)),
@@ -1500,38 +1497,61 @@ class JaxNumpy:
                          query_offset=0, key_lengths=None, learnable_sink=None, sink_token_length=0,
                          attention_chunk=None, key_leftpad=None) -> dict:
         """_sdpa_uniform's arguments after q, k, v by name, arrays of ``xp`` (NumPy on the host, jax.numpy under a
-        trace), each neutral where its option is unused; the mask as keep (bool) and bias (float) of (B, Hq, Lq, Lk),
-        ALiBi slopes and sink logits of (B, Hq)."""
+        trace), each neutral where its option is unused: keep (bool) of (B, Hq, Lq, Lk), the keys each row attends
+        (_attended_keys: the boolean mask and every variant that removes keys), the float mask as bias of that
+        shape, ALiBi slopes and sink logits of (B, Hq)."""
         (b, hq, lq, dk), lk = q.shape, k.shape[2]
         floats = np.float64 if q.dtype == np.float64 else np.float32  # the slopes' and sinks' dtype (the contract)
-        keep, bias = xp.ones((b, hq, lq, lk), dtype=bool), xp.zeros((b, hq, lq, lk), dtype=q.dtype)
+        keep, bias = None, xp.zeros((b, hq, lq, lk), dtype=q.dtype)
         if mask is not None:
             mask = xp.broadcast_to(mask, (b, hq, lq, lk))
-            keep, bias = (mask, bias) if mask.dtype == np.bool_ else (keep, mask)
-        left, right = (None, None) if window is None else window
-        beyond = 1 << 30  # farther than any query from any key, also in a bucket's padding
-        integer = functools.partial(xp.asarray, dtype=np.int32)
+            keep, bias = (mask, bias) if mask.dtype == np.bool_ else (None, mask)
+        keep = JaxNumpy._attended_keys(xp, (b, hq, lq, lk), keep, is_causal, window, query_offset, key_lengths,
+                                       sink_token_length, attention_chunk, key_leftpad)
         return dict(
             keep=keep, bias=bias, scale=xp.asarray(1.0 / math.sqrt(dk) if scale is None else scale),
-            is_causal=xp.asarray(bool(is_causal)), left=integer(beyond if left is None else left),
-            right=integer(beyond if right is None else right), capped=xp.asarray(softcap is not None),
-            cap=xp.asarray(1.0 if softcap is None else softcap),
+            capped=xp.asarray(softcap is not None), cap=xp.asarray(1.0 if softcap is None else softcap),
             slopes=xp.zeros((b, hq), floats) if alibi_slopes is None
             else xp.broadcast_to(xp.asarray(alibi_slopes).astype(floats), (b, hq)),
-            offset=integer(query_offset),
-            lengths=xp.full(b, lk, np.int32) if key_lengths is None else xp.asarray(key_lengths).astype(np.int32),
-            has_sink=xp.asarray(learnable_sink is not None),
+            offset=xp.asarray(query_offset, dtype=np.int32), has_sink=xp.asarray(learnable_sink is not None),
             sink=xp.zeros((b, hq), floats) if learnable_sink is None
-            else xp.broadcast_to(_sink_4d(xp.asarray(learnable_sink), hq).reshape(1, hq).astype(floats), (b, hq)),
-            sink_tokens=integer(sink_token_length), chunked=xp.asarray(attention_chunk is not None),
-            chunk=integer(1 if attention_chunk is None else attention_chunk),
-            pads=xp.zeros(b, np.int32) if key_leftpad is None else xp.asarray(key_leftpad).astype(np.int32))
+            else xp.broadcast_to(_sink_4d(xp.asarray(learnable_sink), hq).reshape(1, hq).astype(floats), (b, hq)))
 
     @staticmethod
-    def _sdpa_uniform(q, k, v, keep, bias, scale, is_causal, left, right, capped, cap, slopes, offset, lengths,
-                      has_sink, sink, sink_tokens, chunked, chunk, pads):
+    def _attended_keys(xp, shape, keep, is_causal, window, query_offset, key_lengths, sink_token_length,
+                       attention_chunk, key_leftpad):
+        """(B, Hq, Lq, Lk) bool: the keys each query row attends, from the boolean mask ``keep`` (or None) and the
+        variants that remove keys (is_causal, the window with its sink tokens, the chunk, the key lengths and left
+        pads), in ``xp``. On the host for concrete arrays, so the program gets the mask (a kernel's mask from the
+        host): its structure compiled into every bucket's program was a third of the compile time."""
+        b, _, lq, lk = shape
+        pads = xp.zeros((b, 1, 1, 1), np.int32) if key_leftpad is None \
+            else xp.asarray(key_leftpad).astype(np.int32).reshape(-1, 1, 1, 1)
+        query = query_offset + xp.arange(lq)[:, None]  # the query's position, as the keys' before the pads
+        distance = query - xp.arange(lk)[None, :]
+        key_position = xp.arange(lk) - pads  # counted from the first real key (sdpa.key-leftpad)
+        allowed = key_position >= 0
+        if is_causal:
+            allowed = allowed & (distance >= 0)
+        if window is not None:
+            left, right = window
+            if left is not None:
+                allowed = allowed & ((distance <= left) | ((key_position >= 0) & (key_position < sink_token_length)))
+            if right is not None:
+                allowed = allowed & (-distance <= right)
+        if attention_chunk is not None:
+            allowed = allowed & (xp.floor_divide(key_position, attention_chunk)
+                                 == xp.floor_divide(query - pads, attention_chunk))
+        if key_lengths is not None:
+            allowed = allowed & (xp.arange(lk) < xp.asarray(key_lengths).astype(np.int32).reshape(-1, 1, 1, 1))
+        if keep is not None:
+            allowed = allowed & keep
+        return xp.broadcast_to(allowed, shape)
+
+    @staticmethod
+    def _sdpa_uniform(q, k, v, keep, bias, scale, capped, cap, slopes, offset, has_sink, sink):
         """_sdpa with every option an array (_sdpa_in_buckets): each step as there, a neutral value where unused
-        (x + 0, x - 0 * d, a window past every distance, a where() that picks the plain step)."""
+        (x + 0, x - 0 * d, a where() that picks the plain step); ``keep`` the attended keys (_attended_keys)."""
         import jax.numpy as jnp
 
         group = _head_groups(q, k)
@@ -1542,24 +1562,17 @@ class JaxNumpy:
         scores = jnp.where(capped, jnp.tanh(scores / cap.astype(q.dtype)) * cap.astype(q.dtype), scores)
         distance = (offset + jnp.arange(lq))[:, None] - jnp.arange(lk)[None, :]
         scores = scores - (slopes[:, :, None, None] * jnp.abs(distance).astype(slopes.dtype)).astype(scores.dtype)
-        pad = pads.reshape(-1, 1, 1, 1)
-        key_position = jnp.arange(lk) - pad
-        allowed = (distance >= 0) | ~is_causal
-        allowed = allowed & ((distance <= left) | ((key_position >= 0) & (key_position < sink_tokens)))
-        allowed = allowed & (-distance <= right)
-        query_position = (offset + jnp.arange(lq))[:, None] - pad
-        same_chunk = jnp.floor_divide(key_position, chunk) == jnp.floor_divide(query_position, chunk)
-        allowed = allowed & (same_chunk | ~chunked) & (key_position >= 0)
-        allowed = allowed & (jnp.arange(lk) < lengths.reshape(-1, 1, 1, 1)) & keep
-        scores = jnp.where(allowed, scores + bias, -jnp.inf)
+        scores = jnp.where(keep, scores + bias, -jnp.inf)
         row_max = jnp.max(scores, axis=-1, keepdims=True)
-        sink = sink[:, :, None, None].astype(scores.dtype)
-        with_sink = jnp.maximum(row_max, sink)  # the sink logit joins the maximum and the normaliser
-        e_sink = jnp.exp(scores - with_sink)
-        sunk = e_sink / (jnp.sum(e_sink, axis=-1, keepdims=True) + jnp.exp(sink - with_sink))
-        any_allowed = jnp.isfinite(row_max)
-        e = jnp.exp(scores - jnp.where(any_allowed, row_max, 0))
-        weights = jnp.where(has_sink, sunk, e / jnp.where(any_allowed, jnp.sum(e, axis=-1, keepdims=True), 1))
+        # The sink logit joins the maximum and the normaliser; a row without keys (and no sink) gives 0. No sink is
+        # a logit of -inf (an exp of 0, its gradient 0), not an unselected exp that could overflow: that made NaN
+        # gradients under where().
+        sink = jnp.where(has_sink, sink[:, :, None, None].astype(scores.dtype), -jnp.inf)
+        top = jnp.maximum(row_max, sink)
+        top = jnp.where(jnp.isfinite(top), top, 0)
+        e = jnp.exp(scores - top)
+        total = jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top)
+        weights = e / jnp.where(total > 0, total, 1)
         return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
 
     @staticmethod

@@ -206,3 +206,29 @@ def test_paged_caches_of_other_head_layouts_and_page_sizes_run_one_program(monke
     for shape in ((1, 1, 1, 1, 1, 2, 8), (2, 3, 1, 2, 3, 2, 8), (2, 3, 3, 4, 2, 3, 5), (1, 8, 4, 1, 4, 4, 8)):
         JaxNumpy.sdpa_paged(*_paged_inputs(*shape))
     assert len(signatures) == 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_keys_attended_on_the_host_are_the_oracles(seed):
+    """_attended_keys (the program's keep mask, built on the host for concrete arrays and traced under a jit) keeps
+    exactly the keys oracle.positions_allowed and the boolean mask leave, for every variant that removes keys."""
+    from attention_conformance.conformance import oracle
+
+    rng = np.random.default_rng(seed)
+    b, hq, lq, lk = 2, 2, int(rng.integers(1, 9)), int(rng.integers(1, 12))
+    pick = lambda: bool(rng.integers(2))  # noqa: E731
+    window = (None if pick() else int(rng.integers(0, 5)), None if pick() else int(rng.integers(0, 5))) \
+        if pick() else None
+    variants = dict(window=window, query_offset=int(rng.integers(0, 4)),
+                    key_lengths=rng.integers(0, lk + 1, size=b) if pick() else None,
+                    sink_token_length=int(rng.integers(0, 3)) if window is not None else 0,
+                    attention_chunk=int(rng.integers(1, 5)) if pick() else None,
+                    key_leftpad=rng.integers(0, lk, size=b) if pick() else None)
+    is_causal, keep = pick(), rng.random((b, hq, lq, lk)) < 0.8 if pick() else None
+    want = oracle.positions_allowed(lq, lk, is_causal, **variants) & (True if keep is None else keep)
+    for xp in (np, jax.numpy):
+        got = JaxNumpy._attended_keys(xp, (b, hq, lq, lk), keep, is_causal, variants["window"],
+                                      variants["query_offset"], variants["key_lengths"],
+                                      variants["sink_token_length"], variants["attention_chunk"],
+                                      variants["key_leftpad"])
+        np.testing.assert_array_equal(np.asarray(got), np.broadcast_to(want, (b, hq, lq, lk)))
