@@ -116,6 +116,26 @@ def _variant_constants(constants: dict[str, float] | None) -> dict[str, float]:
     return raw if constants is None else {key: constants.get(key, value) for key, value in raw.items()}
 
 
+def _softcap_ds_magnitude(p, dp, abs_ds, ds_err, p_sink, attended) -> np.ndarray:
+    """|dS_ij| for softcap's term |dS| dG (spec/tolerances.yaml, sdpa_backward, softcap): the oracle's, except where
+    its float64 dS_ij = P_ij (dP_ij - r_i) cancels to nothing. That happens at a row's leading key (P_ij = 1 - tiny,
+    r_i = dP_ij to float64), whose exact dS_ij = P_ij sum_(l != j) P_il (dP_ij - dP_il) is tiny yet, multiplied by a
+    G whose absolute error is ~u (tanh saturated there), gives a dT error the model must allow. There the bound
+    P_ij (1 - P_ij) (max_l dP_il - min_l dP_il) holds (1 - P_ij summed over the other keys and the sink, whose dP is
+    0), capped by the oracle's |dS| plus the implementation's allowed dS error, so that it only fills a cancellation."""
+    weights = p if p_sink is None else np.concatenate([p, p_sink], axis=-1)
+    dps = dp if p_sink is None else np.concatenate([dp, np.zeros_like(p_sink)], axis=-1)
+    kept = weights > 0
+    top = np.argmax(weights, axis=-1)[..., None]
+    leading = np.arange(weights.shape[-1]) == top
+    others = np.sum(np.where(leading, 0.0, weights), axis=-1, keepdims=True)  # 1 - P of the leading key, no cancelling
+    rest = np.where(leading, others, 1.0 - weights)  # other keys: P <= 1/2, so 1 - P is exact enough
+    spread = (np.max(np.where(kept, dps, -np.inf), axis=-1, keepdims=True)
+              - np.min(np.where(kept, dps, np.inf), axis=-1, keepdims=True))
+    bound = (weights * rest * np.where(np.isfinite(spread), spread, 0.0))[..., :p.shape[-1]]
+    return np.where(attended, np.maximum(abs_ds, np.minimum(bound, abs_ds + ds_err)), abs_ds)
+
+
 def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constants: dict[str, float] | None = None,
                      tf32: bool = False, **variants) -> dict[str, np.ndarray]:
     """Allowed absolute error per element of dq, dk, dv (and dmask for a float mask, dsink for a learnable sink).
@@ -212,8 +232,9 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
         y = np.abs(a["capped"]) / cap
         dy = g * (score_err + u * np.abs(a["t"])) / cap + cv["c_tanh"] * u * y
         dg = c["c_out"] * (2.0 * y * dy + u)
-        dt_err = ds_err * g + abs_ds * dg + 3.0 * c["c_out"] * u * abs_ds * g
-        abs_dt = abs_ds * g
+        ds_true = _softcap_ds_magnitude(p, dp, abs_ds, ds_err, a["p_sink"], attended)
+        dt_err = ds_err * g + ds_true * dg + 3.0 * c["c_out"] * u * ds_true * g
+        abs_dt = ds_true * g
 
     allowed = {
         # dQ = scale dT K (dT = dS without softcap)

@@ -209,3 +209,26 @@ def test_a_variant_backward_bug_is_filed_under_its_gradient_clause_with_a_repro(
     assert "max abs error" in result.stdout
     # The correct member passes the same case.
     check_variant_gradients(load_implementation("zoo.correct_torch_variant_backward"), "cpu", "float32", case)
+
+
+def test_a_saturated_leading_key_under_softcap_is_no_false_alarm():
+    """A row whose leading key saturates tanh (t / c = 19) while another key keeps a weight of 1e-42: the exact dS of
+    the leading key, P (1 - P) (dP_lead - dP_other), is about 1e-41, which the float64 oracle's P (dP - r) cancels to
+    0, as its G = 1 - y^2 (exact 1.3e-16) to 0, while XLA's tanh, 7 u below 1 there, gives G = 1.6e-15. jax_numpy's dq
+    was 109x an allowance built on those zeros (a thorough-profile draw, t / c just under 20); the bound
+    P (1 - P) * spread of dP fills the cancellation. The softcap backward without its derivative still fails."""
+    pytest.importorskip("jax")
+    pytest.importorskip("torch")
+    from attention_conformance.conformance.test_variant_gradients import check_variant_gradients
+
+    # dq's second feature reads the leading key alone (k = (t, 0) and (t, 1), q = (1, 0)): dq_1 = dT of that key.
+    inputs = {"q": np.array([1.0, 0.0]).reshape(1, 1, 1, 2),
+              "k": np.array([[-251.17010975, 0.0], [954.50405786, 1.0]]).reshape(1, 1, 2, 2),
+              "v": np.array([2.09641395, 5.1634552]).reshape(1, 1, 2, 1), "d_out": np.ones((1, 1, 1, 1)),
+              "scale": 1.0, "softcap": 954.50405786 / 19.0}
+    case = Case("sdpa", inputs, ("grad.softcap",), "saturated leading key")
+    check_variant_gradients(load_implementation("builtin:jax_numpy"), "cpu", "float64", case)
+    check_variant_gradients(load_implementation("builtin:torch_math"), "cpu", "float64", case)
+    with pytest.raises(ConformanceFailure):
+        check_variant_gradients(load_implementation("zoo.broken_backward_softcap_no_derivative"), "cpu", "float64",
+                                case)
