@@ -1272,8 +1272,8 @@ class JaxDotProductAttention:
         if query_offset:
             raise NotImplementedError("jax.nn.dot_product_attention has no query offset: is_causal and "
                                       "local_window_size are aligned at query 0")
-        variants = _used(window=_bounded_window(window, q.shape[2], k.shape[2]), alibi_slopes=alibi_slopes, query_lengths=query_lengths,
-                         key_lengths=key_lengths)
+        variants = _used(window=_bounded_window(window, q.shape[2], k.shape[2]), alibi_slopes=alibi_slopes,
+                         query_lengths=query_lengths, key_lengths=key_lengths)
         # One program per structure: is_causal and the window static; the scale (a traced scalar; None stays
         # static), the mask and the variants' arrays traced.
         static = ("is_causal", "window") if variants else ("is_causal",)
@@ -1522,8 +1522,15 @@ class JaxNumpy:
                        attention_chunk, key_leftpad):
         """(B, Hq, Lq, Lk) bool: the keys each query row attends, from the boolean mask ``keep`` (or None) and the
         variants that remove keys (is_causal, the window with its sink tokens, the chunk, the key lengths and left
-        pads), in ``xp``. On the host for concrete arrays, so the program gets the mask (a kernel's mask from the
-        host): its structure compiled into every bucket's program was a third of the compile time."""
+        pads). For concrete arrays (``xp`` NumPy) on the host, from _positions_allowed, so the program gets one mask
+        (a kernel's mask from the host): that structure compiled into every bucket's program was a third of the
+        compile time. Under a trace (``xp`` jax.numpy: the lengths and pads may be tracers) the same rule in
+        jax.numpy."""
+        if xp is np:
+            allowed = _positions_allowed(shape[2], shape[3], is_causal, window, query_offset, key_lengths,
+                                         sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                                         key_leftpad=key_leftpad)
+            return np.broadcast_to(allowed if keep is None else allowed & keep, shape)
         b, _, lq, lk = shape
         pads = xp.zeros((b, 1, 1, 1), np.int32) if key_leftpad is None \
             else xp.asarray(key_leftpad).astype(np.int32).reshape(-1, 1, 1, 1)

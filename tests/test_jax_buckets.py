@@ -165,7 +165,6 @@ def test_an_eager_vjp_runs_the_bucketed_backward(monkeypatch):
     assert len(called) == 2
 
 
-
 def _paged_inputs(b, hq, hkv, lq, block, blocks, d, seed=0):
     rng = np.random.default_rng(seed)
     pages = b * blocks + 1
@@ -209,9 +208,10 @@ def test_paged_caches_of_other_head_layouts_and_page_sizes_run_one_program(monke
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_the_keys_attended_on_the_host_are_the_oracles(seed):
-    """_attended_keys (the program's keep mask, built on the host for concrete arrays and traced under a jit) keeps
-    exactly the keys oracle.positions_allowed and the boolean mask leave, for every variant that removes keys."""
+def test_the_keys_attended_under_a_trace_are_the_oracles(seed):
+    """_attended_keys in jax.numpy (the traced paths' keep mask; concrete arrays take _positions_allowed, the
+    oracle's rule) keeps exactly the keys oracle.positions_allowed and the boolean mask leave, for every variant that
+    removes keys, also with the key lengths and left pads traced."""
     from attention_conformance.conformance import oracle
 
     rng = np.random.default_rng(seed)
@@ -225,10 +225,12 @@ def test_the_keys_attended_on_the_host_are_the_oracles(seed):
                     attention_chunk=int(rng.integers(1, 5)) if pick() else None,
                     key_leftpad=rng.integers(0, lk, size=b) if pick() else None)
     is_causal, keep = pick(), rng.random((b, hq, lq, lk)) < 0.8 if pick() else None
-    want = oracle.positions_allowed(lq, lk, is_causal, **variants) & (True if keep is None else keep)
-    for xp in (np, jax.numpy):
-        got = JaxNumpy._attended_keys(xp, (b, hq, lq, lk), keep, is_causal, variants["window"],
-                                      variants["query_offset"], variants["key_lengths"],
-                                      variants["sink_token_length"], variants["attention_chunk"],
-                                      variants["key_leftpad"])
-        np.testing.assert_array_equal(np.asarray(got), np.broadcast_to(want, (b, hq, lq, lk)))
+    want = np.broadcast_to(oracle.positions_allowed(lq, lk, is_causal, **variants) & (True if keep is None else keep),
+                           (b, hq, lq, lk))
+
+    def traced(key_lengths, key_leftpad):
+        return JaxNumpy._attended_keys(jax.numpy, (b, hq, lq, lk), keep, is_causal, window, variants["query_offset"],
+                                       key_lengths, variants["sink_token_length"], variants["attention_chunk"],
+                                       key_leftpad)
+
+    np.testing.assert_array_equal(np.asarray(jax.jit(traced)(variants["key_lengths"], variants["key_leftpad"])), want)
