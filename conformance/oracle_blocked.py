@@ -202,17 +202,18 @@ class _AllowedContext:
     u_in: float  # TF32 rounding of the matmul inputs where declared, else 0 (spec/tolerances.yaml, tf32)
     abs_k_t: np.ndarray  # (B, Hkv, Dk, Lk)
     v_row_max: np.ndarray  # (B, Hq, 1, Lk): the largest |v_jd| of key j
-    uniform: np.ndarray  # (B, Hq, 1, Dv): the 'uniform' policy's bound for a fully masked row
+    uniform: np.ndarray | None  # (B, Hq, 1, Dv): the 'uniform' policy's bound for a fully masked row; None under others
 
 
-def _allowed_context(p: _Problem, dtype: str, tf32: bool = False) -> _AllowedContext:
+def _allowed_context(p: _Problem, dtype: str, tf32: bool = False, policy: str = "zeros") -> _AllowedContext:
     abs_v = np.abs(p.v)
     return _AllowedContext(
         u=tolerances.unit_roundoff(dtype),
         u_in=tolerances.tf32_unit_roundoff() if tf32 else 0.0,
         abs_k_t=np.swapaxes(np.abs(p.k), -1, -2),
         v_row_max=_per_query_head(np.max(abs_v, axis=-1)[..., None, :], p.query_heads),
-        uniform=tolerances.uniform_row_bound(tolerances.unit_roundoff(dtype), p.v, p.query_heads),
+        uniform=tolerances.uniform_row_bound(tolerances.unit_roundoff(dtype), p.v, p.query_heads)
+        if policy == "uniform" else None,
     )
 
 
@@ -276,7 +277,7 @@ def sdpa_with_allowed(q, k, v, mask=None, is_causal=False, scale=None, dtype: st
     """
     p = _problem(q, k, v, mask, is_causal, scale)
     sixteen_bit = tolerances.is_sixteen_bit(dtype)
-    ctx = None if sixteen_bit else _allowed_context(p, dtype, tf32)
+    ctx = None if sixteen_bit else _allowed_context(p, dtype, tf32, policy)
     expected = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
     allowed = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
     for rows in row_blocks(p.lq, block):
