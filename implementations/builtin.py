@@ -1570,17 +1570,27 @@ class JaxNumpy:
         distance = (offset + jnp.arange(lq))[:, None] - jnp.arange(lk)[None, :]
         scores = scores - (slopes[:, :, None, None] * jnp.abs(distance).astype(slopes.dtype)).astype(scores.dtype)
         scores = jnp.where(keep, scores + bias, -jnp.inf)
-        row_max = jnp.max(scores, axis=-1, keepdims=True)
-        # The sink logit joins the maximum and the normaliser; a row without keys (and no sink) gives 0. No sink is
-        # a logit of -inf (an exp of 0, its gradient 0), not an unselected exp that could overflow: that made NaN
-        # gradients under where().
+        # No sink is a logit of -inf (an exp of 0, its gradient 0), not an unselected exp that could overflow: that
+        # made NaN gradients under where().
         sink = jnp.where(has_sink, sink[:, :, None, None].astype(scores.dtype), -jnp.inf)
-        top = jnp.maximum(row_max, sink)
-        top = jnp.where(jnp.isfinite(top), top, 0)
-        e = jnp.exp(scores - top)
-        total = jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top)
-        weights = e / jnp.where(total > 0, total, 1)
+        weights = JaxNumpy._softmax_with_sink(scores, sink)
         return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
+
+    @staticmethod
+    def _softmax_with_sink(scores, sink):
+        """The weights of the keys of ``scores`` (-inf: removed) under a softmax whose maximum and normaliser also
+        take the sink logit ``sink`` (one per row, broadcast; -inf: none); a row without keys or sink gives 0.
+
+        The sink is one more column of the logits (spec/tolerances.yaml, variants: a key of value 0): XLA compiles
+        this in 0.13 s on the 2-core CPU where the sink's maximum and exp kept apart took 0.33 s (float32; 0.13
+        against 0.23 s in float64), for every bucket of sdpa, its vjp and the packed and paged programs."""
+        import jax.numpy as jnp
+
+        logits = jnp.concatenate([scores, jnp.broadcast_to(sink, scores.shape[:-1] + (1,))], axis=-1)
+        top = jnp.max(logits, axis=-1, keepdims=True)
+        e = jnp.exp(logits - jnp.where(jnp.isfinite(top), top, 0))
+        total = jnp.sum(e, axis=-1, keepdims=True)
+        return (e / jnp.where(total > 0, total, 1))[..., :-1]
 
     @staticmethod
     def _sdpa(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
@@ -1711,12 +1721,7 @@ class JaxNumpy:
         cap = cap.astype(scores.dtype)
         scores = jnp.where(capped, jnp.tanh(scores / cap) * cap, scores)
         scores = jnp.where(keep, scores - bias.astype(scores.dtype), -jnp.inf)
-        sink = sink.astype(scores.dtype)
-        top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
-        top = jnp.where(jnp.isfinite(top), top, 0)
-        e = jnp.exp(scores - top)
-        total = jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top)
-        return (e / jnp.where(total > 0, total, 1)).astype(dtype)
+        return JaxNumpy._softmax_with_sink(scores, sink.astype(scores.dtype)).astype(dtype)
 
     @staticmethod
     def sdpa_paged(q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
