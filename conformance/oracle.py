@@ -35,7 +35,7 @@ def causal_allowed(lq: int, lk: int, *, bottom_right: bool = False) -> np.ndarra
 
 def positions_allowed(lq: int, lk: int, is_causal: bool = False, window=None, query_offset: int = 0,
                       key_lengths=None, *, sink_token_length: int = 0, attention_chunk=None,
-                      key_leftpad=None) -> np.ndarray:
+                      key_leftpad=None, xp=np):
     """(B or 1, 1, lq, lk) boolean: the keys the causal band, the window, the chunk, the key lengths and the left
     padding leave to each query.
 
@@ -47,28 +47,32 @@ def positions_allowed(lq: int, lk: int, is_causal: bool = False, window=None, qu
     what counts from the first real key is the chunk and the sink tokens. attention_chunk = C keeps the keys of
     the query's chunk, floor((j - P) / C) = floor((p_i - P) / C) (sdpa.attention-chunk); the first
     sink_token_length real keys, 0 <= j - P < n, escape the window's left edge only (sdpa.sink-tokens).
+
+    ``xp``: the array namespace, NumPy here; jax.numpy for jax_numpy's traced calls, whose key lengths and left
+    pads may be tracers (JaxNumpy._attended_keys): the rule is written once.
     """
-    pad = 0 if key_leftpad is None else np.asarray(key_leftpad).astype(np.int64).reshape(-1, 1, 1, 1)
-    position = int(query_offset) + np.arange(lq)[:, None] - pad  # (lq, 1) or (B, 1, lq, 1)
-    key = np.arange(lk)[None, :] - pad  # (1, lk) or (B, 1, 1, lk)
-    allowed = np.ones(np.broadcast_shapes(np.shape(position), np.shape(key)), dtype=bool)
+    pad = 0 if key_leftpad is None else xp.asarray(key_leftpad).astype(xp.int32).reshape(-1, 1, 1, 1)
+    position = int(query_offset) + xp.arange(lq)[:, None] - pad  # (lq, 1) or (B, 1, lq, 1)
+    key = xp.arange(lk)[None, :] - pad  # (1, lk) or (B, 1, 1, lk)
+    allowed = xp.ones(xp.broadcast_shapes(position.shape, key.shape), dtype=bool)
     if is_causal:
-        allowed &= key <= position
+        allowed = allowed & (key <= position)
     if window is not None:
         left, right = window
         if left is not None:
             sink_token = (key >= 0) & (key < int(sink_token_length))
-            allowed &= (key >= position - int(left)) | sink_token
+            allowed = allowed & ((key >= position - int(left)) | sink_token)
         if right is not None:
-            allowed &= key <= position + int(right)
+            allowed = allowed & (key <= position + int(right))
     if attention_chunk is not None:
-        allowed &= np.floor_divide(key, int(attention_chunk)) == np.floor_divide(position, int(attention_chunk))
+        chunk = int(attention_chunk)
+        allowed = allowed & (xp.floor_divide(key, chunk) == xp.floor_divide(position, chunk))
     if key_leftpad is not None:
-        allowed &= key >= 0
+        allowed = allowed & (key >= 0)
     allowed = allowed if allowed.ndim == 4 else allowed[None, None]
     if key_lengths is not None:
-        lengths = np.asarray(key_lengths).astype(np.int64).reshape(-1, 1, 1, 1)
-        allowed = allowed & (np.arange(lk)[None, None, None, :] < lengths)
+        lengths = xp.asarray(key_lengths).astype(xp.int32).reshape(-1, 1, 1, 1)
+        allowed = allowed & (xp.arange(lk)[None, None, None, :] < lengths)
     return allowed
 
 

@@ -1522,38 +1522,20 @@ class JaxNumpy:
                        attention_chunk, key_leftpad):
         """(B, Hq, Lq, Lk) bool: the keys each query row attends, from the boolean mask ``keep`` (or None) and the
         variants that remove keys (is_causal, the window with its sink tokens, the chunk, the key lengths and left
-        pads). For concrete arrays (``xp`` NumPy) on the host, from _positions_allowed, so the program gets one mask
-        (a kernel's mask from the host): that structure compiled into every bucket's program was a third of the
+        pads), by the contract's position rule (oracle.positions_allowed). For concrete arrays (``xp`` NumPy) on the
+        host, the lengths and pads read off the device (_positions_allowed), so the program gets one mask (a
+        kernel's mask from the host): that structure compiled into every bucket's program was a third of the
         compile time. Under a trace (``xp`` jax.numpy: the lengths and pads may be tracers) the same rule in
         jax.numpy."""
+        options = dict(sink_token_length=sink_token_length, attention_chunk=attention_chunk, key_leftpad=key_leftpad)
         if xp is np:
-            allowed = _positions_allowed(shape[2], shape[3], is_causal, window, query_offset, key_lengths,
-                                         sink_token_length=sink_token_length, attention_chunk=attention_chunk,
-                                         key_leftpad=key_leftpad)
-            return np.broadcast_to(allowed if keep is None else allowed & keep, shape)
-        b, _, lq, lk = shape
-        pads = xp.zeros((b, 1, 1, 1), np.int32) if key_leftpad is None \
-            else xp.asarray(key_leftpad).astype(np.int32).reshape(-1, 1, 1, 1)
-        query = query_offset + xp.arange(lq)[:, None]  # the query's position, as the keys' before the pads
-        distance = query - xp.arange(lk)[None, :]
-        key_position = xp.arange(lk) - pads  # counted from the first real key (sdpa.key-leftpad)
-        allowed = key_position >= 0
-        if is_causal:
-            allowed = allowed & (distance >= 0)
-        if window is not None:
-            left, right = window
-            if left is not None:
-                allowed = allowed & ((distance <= left) | ((key_position >= 0) & (key_position < sink_token_length)))
-            if right is not None:
-                allowed = allowed & (-distance <= right)
-        if attention_chunk is not None:
-            allowed = allowed & (xp.floor_divide(key_position, attention_chunk)
-                                 == xp.floor_divide(query - pads, attention_chunk))
-        if key_lengths is not None:
-            allowed = allowed & (xp.arange(lk) < xp.asarray(key_lengths).astype(np.int32).reshape(-1, 1, 1, 1))
-        if keep is not None:
-            allowed = allowed & keep
-        return xp.broadcast_to(allowed, shape)
+            allowed = _positions_allowed(shape[2], shape[3], is_causal, window, query_offset, key_lengths, **options)
+        else:
+            from attention_conformance.conformance import oracle
+
+            allowed = oracle.positions_allowed(shape[2], shape[3], is_causal, window, query_offset, key_lengths,
+                                               xp=xp, **options)
+        return xp.broadcast_to(allowed if keep is None else allowed & keep, shape)
 
     @staticmethod
     def _sdpa_uniform(q, k, v, keep, bias, scale, capped, cap, slopes, offset, has_sink, sink):
@@ -1581,9 +1563,9 @@ class JaxNumpy:
         """The weights of the keys of ``scores`` (-inf: removed) under a softmax whose maximum and normaliser also
         take the sink logit ``sink`` (one per row, broadcast; -inf: none); a row without keys or sink gives 0.
 
-        The sink is one more column of the logits (spec/tolerances.yaml, variants: a key of value 0): XLA compiles
-        this in 0.13 s on the 2-core CPU where the sink's maximum and exp kept apart took 0.33 s (float32; 0.13
-        against 0.23 s in float64), for every bucket of sdpa, its vjp and the packed and paged programs."""
+        The sink is one more column of the logits (spec/tolerances.yaml, variants: a key of value 0): XLA compiles a
+        forward bucket of sdpa in 0.10-0.16 s on the 2-core CPU where the sink's maximum and exp kept apart took
+        0.26-0.46 s (float32; 0.14-0.20 against 0.17-0.29 s in float64); its vjp compiles as before."""
         import jax.numpy as jnp
 
         logits = jnp.concatenate([scores, jnp.broadcast_to(sink, scores.shape[:-1] + (1,))], axis=-1)

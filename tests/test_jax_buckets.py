@@ -209,9 +209,9 @@ def test_paged_caches_of_other_head_layouts_and_page_sizes_run_one_program(monke
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_keys_attended_under_a_trace_are_the_oracles(seed):
-    """_attended_keys in jax.numpy (the traced paths' keep mask; concrete arrays take _positions_allowed, the
-    oracle's rule) keeps exactly the keys oracle.positions_allowed and the boolean mask leave, for every variant that
-    removes keys, also with the key lengths and left pads traced."""
+    """_attended_keys under a trace (the traced paths' keep mask: oracle.positions_allowed in jax.numpy, the key
+    lengths and left pads tracers) keeps exactly the keys the NumPy rule and the boolean mask leave, for every variant
+    that removes keys."""
     from attention_conformance.conformance import oracle
 
     rng = np.random.default_rng(seed)
