@@ -98,7 +98,7 @@ def applicability(requires=None, derives: tuple[DerivedCase, ...] = ()):
 
 
 def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None, covering_set: str = "full",
-                  derives: tuple[DerivedCase, ...] = (), op: str = "sdpa"):
+                  derives: tuple[DerivedCase, ...] = (), op: str = "sdpa", kernel_corners: bool = False):
     """Outermost decorator of every property (the module docstring says what it runs).
 
     ``covering_set``: "full" (every corner, and the floor) for the properties of a forward operation;
@@ -113,10 +113,13 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     region: ..."); otherwise a draw whose derived case supports(facts) refuses is filtered out while
     drawing, before any call. ``op``: the operation whose signature says which optional keywords the strategies may
     draw (strategies.variant_allowed): sdpa's, or sdpa_varlen's / sdpa_paged's for their properties.
+    ``kernel_corners``: every corner kernel-shaped (lengths around a block of 64, kernel head dims), also for an
+    implementation that takes the small shapes, whose corners are otherwise small but for two: for a property about
+    tiles, whose bugs live past a block.
     """
     if test is None:
         return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires,
-                                 covering_set=covering_set, derives=derives, op=op)
+                                 covering_set=covering_set, derives=derives, op=op, kernel_corners=kernel_corners)
     if covering_set not in ("full", "brief"):
         raise ValueError(f"covering_set={covering_set!r}: 'full' or 'brief'")
 
@@ -132,7 +135,7 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
         keywords = impl.accepted_keywords(op) if impl is not None and impl.implements(op) else None
         try:
             with drawing_inside(region, drawing, derives, keywords) as drawn:
-                corners = covering_corners(impl, region, depth)
+                corners = covering_corners(impl, region, depth, kernel_corners)
                 floor = (FLOOR_PER_PROPERTY if impl is None or impl.compiled else NARROW_FLOOR_PER_PROPERTY) \
                     if depth == "full" else 0
                 replay = floor if impl is not None and impl.compiled else 0
@@ -178,9 +181,10 @@ def _same_structure(value) -> str:
     return _SEED_WORDS.sub("", label) if label is not None else repr(value)
 
 
-def covering_corners(impl, region, covering_set: str) -> list[dict]:
-    """The corners (covering.covering_hints) a property runs on this implementation."""
-    corners = covering.covering_hints(region, _small_shapes_inside(region))
+def covering_corners(impl, region, covering_set: str, kernel_corners: bool = False) -> list[dict]:
+    """The corners (covering.covering_hints) a property runs on this implementation (``kernel_corners``: each
+    kernel-shaped, property_test)."""
+    corners = covering.covering_hints(region, _small_shapes_inside(region) and not kernel_corners)
     compiled = impl is not None and impl.compiled
     if covering_set == "brief":
         corners = [corners[i] for i in (BRIEF_CORNERS_COMPILED if compiled else BRIEF_CORNERS)]

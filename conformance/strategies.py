@@ -345,7 +345,8 @@ def sdpa_cases(
 
     ``lengths``, ``dims``, ``kv_heads`` and ``groups`` override the shape draws of a
     property (None: the mode's own); a kernel-shaped case keeps the property's lengths,
-    heads and groups where the region allows them and draws its head dims from the region.
+    heads and groups where the region allows them, and its head dims where the region takes
+    the small shapes (else it draws them from the region's kernel head dims).
     ``query_mode`` ("decode", "prefill", "cross") makes every case kernel-shaped in that mode.
     ``outermost``: False where another strategy builds on the case (variant_cases), which then asks the region.
     """
@@ -394,8 +395,10 @@ def sdpa_cases(
         if not corner_lengths:
             lq, lk = _kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths, is_causal,
                                      query_mode)
-        head_dims = region.head_dims.members(KERNEL_HEAD_DIMS) or [region.head_dims.min]
-        dims = st.sampled_from(head_dims)
+        if dims is not None and _small_shapes_inside(region):  # the property's own widths (tile edges) fit
+            dims = _inside(dims, region.head_dims)
+        else:
+            dims = st.sampled_from(region.head_dims.members(KERNEL_HEAD_DIMS) or [region.head_dims.min])
     else:
         lengths = st.integers(1, MAX_LEN) if lengths is None else lengths
         if not corner_lengths:
