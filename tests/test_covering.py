@@ -86,6 +86,22 @@ def test_each_mask_kind_of_a_property_is_met():
     assert {c.mask_kind for c in cases} == set(kinds)
 
 
+def test_kernel_corners_cross_a_block_with_the_propertys_own_widths():
+    """The tile property's corners (kernel_corners) are kernel-shaped for an implementation that takes the small
+    shapes too: a causal Lq = Lk past a block of 64 among them (row 64 attends key 64), head dims its own."""
+    from attention_conformance.conformance.strategies import TILE_EDGE_DIMS, TILE_EDGE_LENGTHS
+
+    strategy = sdpa_cases(lengths=TILE_EDGE_LENGTHS, dims=TILE_EDGE_DIMS)
+    small = corner_cases(EVERYTHING, strategy)
+    assert all(hints["kernel"] for hints in properties.covering_corners(None, EVERYTHING, "full", kernel_corners=True))
+    cases = corner_cases(EVERYTHING, strategy, small=False)
+    shapes = {(c.inputs["q"].shape[2], c.inputs["k"].shape[2], bool(c.inputs.get("is_causal"))) for c in cases}
+    assert (65, 65, True) in shapes
+    assert not any(c.inputs["q"].shape[2] > 64 and c.inputs["k"].shape[2] > 64 and c.inputs.get("is_causal")
+                   for c in small)
+    assert max(c.inputs[n].shape[3] for c in cases for n in "qv") <= 33  # TILE_EDGE_DIMS, not the kernel dims (256)
+
+
 def test_random_draws_see_no_hints():
     """Outside a corner the strategies draw as they always have: the hints are only read while building."""
     assert covering.hint("lengths") is None and not covering.hinted("scale")
