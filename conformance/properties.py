@@ -113,9 +113,9 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     region: ..."); otherwise a draw whose derived case supports(facts) refuses is filtered out while
     drawing, before any call. ``op``: the operation whose signature says which optional keywords the strategies may
     draw (strategies.variant_allowed): sdpa's, or sdpa_varlen's / sdpa_paged's for their properties.
-    ``kernel_corners``: every corner kernel-shaped (lengths around a block of 64, kernel head dims), also for an
-    implementation that takes the small shapes, whose corners are otherwise small but for two: for a property about
-    tiles, whose bugs live past a block.
+    ``kernel_corners``: every corner kernel-shaped (lengths around a block of 64), also for an implementation that
+    takes the small shapes, whose corners are otherwise small but for two: for a property about tiles, whose bugs
+    live past a block (its head dims stay the property's own where the region takes them, strategies.sdpa_cases).
     """
     if test is None:
         return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires,

@@ -283,17 +283,16 @@ def _build_mask(rng, kind, shape, lq, lk, is_causal, allow_empty_rows):
     (keys < P masked, P < Lk) or right (keys >= L masked, L >= 1), else keys kept at random. Random keeps never
     mask a whole block of 64 keys (0.4^64): a kernel whose key loop stopped at the first block the mask removes
     ("the rest is padding") passed three default runs; left padding of a sequence past 64 keys has one."""
-    keep = rng.random(shape) < 0.6
     layout = rng.integers(3) if kind == "key-padding" else 0
     if layout == 1 and is_causal and not allow_empty_rows:
         layout = 2  # left padding under the causal band empties the first rows: right padding keeps key 0
-    if layout:
-        position = np.arange(lk)
-        if layout == 1:
-            keep = position >= rng.integers(0, lk, size=shape[:-1] + (1,))
-        else:
-            keep = position < rng.integers(1, lk + 1, size=shape[:-1] + (1,))
-    elif not allow_empty_rows:
+    if layout == 1:
+        keep = np.arange(lk) >= rng.integers(0, lk, size=shape[:-1] + (1,))
+    elif layout == 2:
+        keep = np.arange(lk) < rng.integers(1, lk + 1, size=shape[:-1] + (1,))
+    else:
+        keep = rng.random(shape) < 0.6
+    if not layout and not allow_empty_rows:
         # One guaranteed key per row of the mask (broadcast rows included), inside the causal band if causal.
         rows = np.arange(shape[-2])
         limit = np.minimum(rows, lk - 1) if (is_causal and shape[-2] == lq) else np.full(shape[-2], lk - 1)

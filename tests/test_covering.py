@@ -93,7 +93,8 @@ def test_kernel_corners_cross_a_block_with_the_propertys_own_widths():
 
     strategy = sdpa_cases(lengths=TILE_EDGE_LENGTHS, dims=TILE_EDGE_DIMS)
     small = corner_cases(EVERYTHING, strategy)
-    assert all(hints["kernel"] for hints in properties.covering_corners(None, EVERYTHING, "full", kernel_corners=True))
+    assert properties.covering_corners(None, EVERYTHING, "full", kernel_corners=True) == \
+        covering.covering_hints(EVERYTHING, small=False)
     cases = corner_cases(EVERYTHING, strategy, small=False)
     shapes = {(c.inputs["q"].shape[2], c.inputs["k"].shape[2], bool(c.inputs.get("is_causal"))) for c in cases}
     assert (65, 65, True) in shapes

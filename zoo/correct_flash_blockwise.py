@@ -5,7 +5,7 @@ a running normaliser l and an unnormalised accumulator acc, rescaled by
 exp(m_old - m_new) whenever the maximum grows. The full score matrix is never
 formed. Working precision: float32 for float16 / bfloat16 / float32 inputs,
 float64 for float64. GQA is done by grouping query heads (no kv copies).
-``tiled`` is the body, its tiling a parameter: query blocks of QUERY_BLOCK rows, and
+``tiled`` is the body, its tiling a parameter (query blocks, all rows by default), and
 under is_causal the key loop of a query block stops after the block holding the key
 of its last row (the blocks past it are above the band). Broken members call it with
 one argument changed.
@@ -59,12 +59,13 @@ def tiled(q, k, v, mask=None, is_causal=False, scale=None, *, key_block=BLOCK, q
 
     qg = q.reshape(b, hkv, g, lq, dk)  # query head h = kv * g + j  ->  kv = h // g
     out = np.zeros((b, hkv, g, lq, dv), wd)
-    for first in range(0, lq, query_block or max(lq, 1)):
-        last = min(first + (query_block or lq), lq) - 1
-        rows = slice(first, last + 1)
-        m_run = np.full((b, hkv, g, last + 1 - first, 1), running_max_start, wd)
-        l_run = np.zeros((b, hkv, g, last + 1 - first, 1), wd)
-        acc = np.zeros((b, hkv, g, last + 1 - first, dv), wd)
+    step = query_block or max(lq, 1)
+    for first in range(0, lq, step):
+        last = min(first + step, lq) - 1
+        rows, n = slice(first, last + 1), last + 1 - first
+        m_run = np.full((b, hkv, g, n, 1), running_max_start, wd)
+        l_run = np.zeros((b, hkv, g, n, 1), wd)
+        acc = np.zeros((b, hkv, g, n, dv), wd)
         for start in range(0, lk, key_block):
             if is_causal and start > causal_stop_row(first, last):
                 break  # every later key block is above the causal band of these rows
