@@ -201,6 +201,7 @@ def pytest_configure(config):
     _apply_suite_defaults(config)
     if config.getoption("call_timeout") is not None:  # xdist workers inherit it
         os.environ["ATTENTION_CONFORMANCE_CALL_TIMEOUT"] = str(config.getoption("call_timeout"))
+    support.bound_openmp_spinning()  # before support.configure imports the implementations
     support.configure(config)
     support.start(config)
     _ACTIVE["config"] = config

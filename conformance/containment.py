@@ -30,6 +30,7 @@ from attention_conformance.implementations._registry import LAYOUT_SHAPES
 
 from .cases import Case
 from .expected import canonical_output, contract_shape
+from .time_limit import running_test
 
 # The clause a wrong output shape breaks, by operation (sdpa.output-shape for sdpa).
 SHAPE_CLAUSES = {"multi_head_attention": "mha.shapes", "sdpa_varlen": "varlen.output-shape",
@@ -42,6 +43,11 @@ SHAPE_CLAUSES = {"multi_head_attention": "mha.shapes", "sdpa_varlen": "varlen.ou
 # hung (``hung_on``): in this process its later calls fail at once, so Hypothesis's
 # shrinking never waits on the hang again. Python cannot kill a thread; the hung one
 # is left running in the background (a daemon: it does not keep the process alive).
+# A call that was only slow returns in the end: the first call of a later test
+# (never the same test, whose replays must see the same verdict) finds it returned
+# and calls the implementation again. A correct torch implementation on a machine
+# loaded by other processes took 20-55 s a call instead of 0.1-0.5 s (OpenMP threads
+# spinning for busy cores): it failed its one case, not every later test as well.
 # Each xdist worker learns of the hang on its own, once.
 CALL_TIMEOUT_VARIABLE = "ATTENTION_CONFORMANCE_CALL_TIMEOUT"  # set by --call-timeout SECONDS
 DEFAULT_CALL_TIMEOUT_S = 30.0
@@ -97,6 +103,8 @@ def call_with_limit(impl: Implementation, label: str, fn, *args, limit=_USE_THE_
     once, without calling, if ``impl`` hung earlier in this process.
     """
     earlier = getattr(impl, "hung_on", None)
+    if earlier is not None and _returned_since(impl):
+        earlier = impl.hung_on = None
     if earlier is None:
         limit = call_timeout_s() if limit is _USE_THE_VARIABLE else limit
         if limit is not None and impl.compiled:
@@ -112,10 +120,10 @@ def call_with_limit(impl: Implementation, label: str, fn, *args, limit=_USE_THE_
             return outcome["result"]
         message = (f"the call hung: no result within {limit:g} s (timed out; the limit is --call-timeout / "
                    f"${CALL_TIMEOUT_VARIABLE}, default {DEFAULT_CALL_TIMEOUT_S:g} s). {impl.name} is marked hung: its "
-                   "later cases in this process fail at once")
+                   "later cases in this process fail at once until the call returns")
     else:
         message = (f"{impl.name} hung earlier on case {earlier[0]} (no result within {earlier[1]:g} s, timed out): "
-                   "not called again in this process, every later case fails at once")
+                   "not called again in this process until that call returns, every case till then fails at once")
     # One raise for both: Hypothesis then sees one failure (not two bugs) when it re-runs the example.
     raise ImplementationHung(message, impl.hung_on[0], earlier is not None)
 
@@ -151,6 +159,15 @@ class CallThread:
         return done
 
 
+def _returned_since(impl) -> bool:
+    """Whether the call ``impl`` hung on has returned since, seen from a test other than the one it hung in."""
+    late = getattr(impl, "hung_call", None)
+    if late is None or late[1] == running_test():
+        return False
+    done = late[0]
+    return done.acquire(blocking=False)
+
+
 def _call_thread(impl) -> CallThread:
     runner = getattr(impl, "call_thread", None)
     if runner is None:
@@ -180,10 +197,10 @@ def _call_in_thread(impl, label: str, limit: float, fn, args, kwargs) -> dict:
         returned = done.acquire(timeout=limit)
     except BaseException:  # pytest-timeout or Ctrl-C interrupted the wait: the call may still be running
         if not done.acquire(blocking=False):
-            impl.hung_on = (label, time.monotonic() - started)
+            impl.hung_on, impl.hung_call = (label, time.monotonic() - started), (done, running_test())
         raise
     if not returned:
-        impl.hung_on = (label, limit)
+        impl.hung_on, impl.hung_call = (label, limit), (done, running_test())
         return {}
     return outcome
 

@@ -146,6 +146,19 @@ def share_cores_between_workers(workers: int) -> None:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
+# libgomp, the OpenMP of torch's Linux wheels, has an idle thread spin up to 300,000 times before it sleeps. With
+# other processes on the cores that spinning starves the thread the work waits for: a correct torch implementation
+# (thousands of small ops, 2 threads on 2 cores busy with two other processes) took 20 s a call instead of 0.13 s
+# (one thread) and was failed as hung (30 s limit); with 20,000 spins it took 0.24 s, and 0.11 s (as with 300,000)
+# on idle cores. libgomp reads the variable when torch is first imported: before any implementation loads.
+OPENMP_SPIN = ("GOMP_SPINCOUNT", "20000")
+
+
+def bound_openmp_spinning() -> None:
+    """Set libgomp's spin count (OPENMP_SPIN) for this process and the workers it starts, unless the user did."""
+    os.environ.setdefault(*OPENMP_SPIN)
+
+
 COMPILATION_CACHE = "attention-conformance"  # under pytest's cache directory: .pytest_cache/d/attention-conformance
 FALLBACK_COMPILATION_CACHE = ".attention-conformance"  # under the rootdir, when pytest's cache is off
 

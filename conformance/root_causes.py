@@ -4,6 +4,8 @@ A user's first question on a red run is "how many things are wrong?", not "which
 under several clauses (an exception raised whenever mask and is_causal come together is blamed on causal.top-left,
 mask.before-softmax, ...), so the summary names the causes before the per-clause list:
 
+* hangs are one cause: the calls that got no result within the call time limit, and the later cases failed at
+  once, without a call, while a hung call still ran (their case's factors do not explain them);
 * failures that raised the same exception (type and message, numbers aside) are one cause, with the condition of
   their cases that explains them where one does (shared by every one of them, met by no case that passed);
 * among the others, greedily, the condition (one factor of the case, or two together) met by the most failures
@@ -98,6 +100,26 @@ def raised(rec) -> str | None:
     return f"{found['type']} \"{message}\""
 
 
+def hang(rec) -> str | None:
+    """"hung" for a call that got no result within the call time limit (containment.call_with_limit), "not called"
+    for a case failed at once because an earlier call still ran, else None."""
+    message = rec.message or ""
+    if "the call hung: no result within" in message:
+        return "hung"
+    if " hung earlier on case " in message:
+        return "not called"
+    return None
+
+
+def _hang_cause(name: str, failures: list) -> Cause:
+    hung = [rec for rec in failures if hang(rec) == "hung"]
+    waited = len(failures) - len(hung)
+    text = f"the call hung (no result within the call time limit) on {len(hung)} case{'s' if len(hung) != 1 else ''}"
+    if waited:
+        text += f"; {waited} later case{'s were' if waited != 1 else ' was'} failed without a call while it ran"
+    return Cause(name, text, len(failures), _clauses(failures))
+
+
 def _words(condition) -> str:
     parts = []
     for name, value in sorted(condition):
@@ -124,10 +146,12 @@ def _meets(rec, condition) -> bool:
 
 
 def implementation_causes(name: str, failures: list, passes: list) -> list[Cause]:
-    causes = []
+    hangs = [rec for rec in failures if hang(rec)]
+    causes = [_hang_cause(name, hangs)] if hangs else []
     by_exception = defaultdict(list)
     for rec in failures:
-        by_exception[raised(rec)].append(rec)
+        if not hang(rec):
+            by_exception[raised(rec)].append(rec)
     remaining = by_exception.pop(None, [])
     for exception, group in sorted(by_exception.items(), key=lambda item: -len(item[1])):
         # The condition met by the most of them and by no case that passed (the fewest factors on a tie).

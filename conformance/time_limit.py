@@ -61,6 +61,12 @@ def call_ended(item) -> None:
         _RUNNING["item"] = None
 
 
+def running_test() -> str | None:
+    """The node id of the test whose function is running, or None outside one."""
+    item = _RUNNING["item"]
+    return None if item is None else item.nodeid
+
+
 def set_timer(item, settings) -> bool | None:
     """pytest_timeout_set_timer for the "signal" method on the main thread; None leaves it to pytest-timeout."""
     if settings.method != "signal" or threading.current_thread() is not threading.main_thread() \

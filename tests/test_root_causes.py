@@ -48,6 +48,21 @@ def test_no_cause_is_named_where_cases_meeting_the_condition_mostly_pass():
     assert root_causes(failing + passing) == []
 
 
+def test_hangs_and_the_cases_failed_at_once_after_them_are_one_cause_not_their_cases_factors():
+    first = ("  problem  the call hung: no result within 30 s (timed out; the limit is --call-timeout). impl is "
+             "marked hung: its later cases in this process fail at once until the call returns")
+    later = ("  problem  impl hung earlier on case B1 Hq2/Hkv1 Lq3 (no result within 30 s, timed out): not called "
+             "again in this process until that call returns")
+    failing = ([record("failed", label(dk=256), clause="contract.result-type", message=first)]
+               + [record("failed", label(dk=256, mask="float"), clause="contract.result-type", message=later)
+                  for _ in range(6)])
+    passing = [record("passed", label(dk=8)) for _ in range(4)]
+    (cause,) = root_causes(failing + passing)
+    assert cause.failures == 7 and cause.clauses == ("contract.result-type",)
+    assert cause.description == ("the call hung (no result within the call time limit) on 1 case; 6 later cases "
+                                 "were failed without a call while it ran")
+
+
 def test_factors_read_the_label_and_a_derived_case_without_is_causal():
     found = factors(record("failed", label("float", True, scale="0.0", lq=7, lk=3)))
     assert {("mask+causal", "yes"), ("scale", "zero"), ("lengths", "Lq>Lk"), ("Dk", "8"), ("mask", "float"),
