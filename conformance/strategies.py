@@ -49,6 +49,10 @@ KERNEL_HEAD_DIMS = (64, 128, 80, 96, 256, 16, 32, 48, 112, 160, 192, 224, 40, 72
 KERNEL_EDGE_LENGTHS = tuple(sorted({t + d for t in (64, 128, 192, 256, 512, 1024, 2048) for d in (-1, 0, 1)}))
 KERNEL_SMALL_LENGTHS = (1, 2, 3, 5, 8, 16, 17, 31, 32, 33)
 KERNEL_GROUPS = (1, 2, 4, 8, 3, 5, 6, 7)
+# The decode property's long caches, past the 4096 and 8192 keys a split-KV kernel may cap its splits at (a
+# decode kernel whose splits stopped at key 4096 passed three default runs when caches ended at 2049): its
+# covering corners take the longest that fits COVERING_SCORE_BUDGET, its random draws those within their budget.
+DECODE_CACHE_LENGTHS = (4095, 4096, 4097, 8191, 8192, 8193)
 KERNEL_SCORE_BUDGET = 2**15
 # Implementations that take the small shapes draw a kernel-shaped case one time in KERNEL_SHARE.
 KERNEL_SHARE = 5
@@ -241,8 +245,10 @@ def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bo
         return n, n
     if mode == "decode":
         lq = draw(st.sampled_from(region.lengths.members((1, 2, 4)) or candidates[:1]), label="Lq (decode)")
-        keys = [n for n in candidates if lq * n <= budget_per_pair] or candidates[:1]
         if query_mode == "decode":  # the property is about a long cache: past one key tile of 64
+            candidates = candidates + region.lengths.members(DECODE_CACHE_LENGTHS)
+        keys = [n for n in candidates if lq * n <= budget_per_pair] or candidates[:1]
+        if query_mode == "decode":
             keys = [n for n in keys if n > 64] or keys
         return lq, draw(st.sampled_from(keys), label="Lk")
     # Cross: long query blocks (Lq past 128 and 256) against fewer keys, or the other way round.
@@ -326,6 +332,9 @@ def _hinted_lengths(region: Region, heads: int, same_lengths: bool, lengths, que
     lq, lk = _lengths_in_order(*pair, region, is_causal)
     if same_lengths:
         lq = lk = max(lq, lk)
+    if query_mode == "decode" and lq <= 4:
+        longest = [n for n in region.lengths.members(DECODE_CACHE_LENGTHS) if heads * lq * n <= COVERING_SCORE_BUDGET]
+        lk = max(longest, default=lk)
     fits = (region.lengths.contains(lq) and region.lengths.contains(lk) and heads * lq * lk <= COVERING_SCORE_BUDGET
             and (lengths is None or (admits(lengths, lq) and admits(lengths, lk)))
             and (query_mode != "decode" or (lq <= 4 and lk > 64))
@@ -478,7 +487,15 @@ def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_S
         chosen_axis = -1
     # One case in three softmaxes a long axis: vectorised kernels process 8, 16, 32 ... lanes at a time, and a
     # wrong tail (the last partial vector) shows only past those widths.
-    if draw(st.integers(0, 2), label="long axis") == 0:
+    corner = hint("index")
+    if corner is not None and corner < len(SOFTMAX_CORNER_LENGTHS):
+        # The first covering corners (conformance/covering.py) are rows past the widths a kernel chunks at, several
+        # of them: a chunked path errs only in rows whose maximum lies past the first chunk.
+        if ndim == 1:
+            shape, chosen_axis = [SOFTMAX_CORNER_ROWS, 1], -1
+        shape = [SOFTMAX_CORNER_ROWS] * len(shape)
+        shape[chosen_axis] = SOFTMAX_CORNER_LENGTHS[corner]
+    elif draw(st.integers(0, 2), label="long axis") == 0:
         shape[chosen_axis] = draw(st.sampled_from(SOFTMAX_EDGE_LENGTHS) | st.integers(8, MAX_SOFTMAX_AXIS),
                                   label="axis length")
     shape = tuple(shape)
@@ -500,7 +517,11 @@ def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_S
 
 BIAS_KINDS = ("none", "input", "output", "all")
 MAX_SOFTMAX_AXIS = 300
-SOFTMAX_EDGE_LENGTHS = tuple(sorted({w + d for w in (8, 16, 32, 64, 128, 256) for d in (-1, 0, 1)}))
+# Vector widths, and the 1024..4096-long rows a softmax kernel may switch to a chunked (online) path for: one whose
+# chunks' running sum was not rescaled when the maximum grew passed three default runs when rows ended at 300.
+SOFTMAX_CORNER_LENGTHS = (2049, 1025)
+SOFTMAX_CORNER_ROWS = 4
+SOFTMAX_EDGE_LENGTHS = tuple(sorted({w + d for w in (8, 16, 32, 64, 128, 256, 1024, 2048, 4096) for d in (-1, 0, 1)}))
 
 
 @st.composite

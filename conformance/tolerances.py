@@ -323,6 +323,11 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     # delta_ij: the score's own roundings (product, scale, mask addition, max shift) and its float32 sum.
     delta = u * (c["c_score_round"] * np.abs(raw) + np.abs(s) + np.abs(shift))
     keys_delta = c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
+    if dq is None:
+        # An operand rounded to the dtype before the product (q * scale first, as BART, Whisper and Flax do): each
+        # element off by u |scale q_id|, their effects on the score a random walk over d. Where q's own error is
+        # given (dq: a projection's or a quantization's rounding), the dq term below already counts it.
+        keys_delta = keys_delta + c["c_operand"] * u * abs(scale_value) * np.sqrt((q * q) @ (kt * kt))
     keys_delta = keys_delta + _variant_score_error(q, k, scale_value, u, sixteen_bit=True, **variants)
     if dq is not None:
         keys_delta = keys_delta + abs(scale_value) * np.sqrt((dq * dq) @ (kt * kt)

@@ -103,6 +103,29 @@ def test_kernel_corners_cross_a_block_with_the_propertys_own_widths():
     assert max(c.inputs[n].shape[3] for c in cases for n in "qv") <= 33  # TILE_EDGE_DIMS, not the kernel dims (256)
 
 
+@pytest.mark.parametrize("region", [EVERYTHING, FLASH], ids=["everything", "flash"])
+def test_the_decode_propertys_corners_reach_past_8192_keys(region):
+    """A split-KV decode kernel that caps its splits (keys past 4096 dropped) passed caches of at most 2049 keys."""
+    from hypothesis import strategies as hst
+
+    strategy = sdpa_cases(mask_kinds=("none", "key-padding", "float"), causal=hst.just(False), query_mode="decode")
+    cases = corner_cases(region, strategy)
+    decode = [c for c in cases if c.inputs["q"].shape[2] <= 4]
+    assert decode and max(c.inputs["k"].shape[2] for c in decode) == 8193
+    assert all(np.prod(c.inputs["q"].shape[:3]) * c.inputs["k"].shape[2] <= covering.COVERING_SCORE_BUDGET
+               for c in decode)
+
+
+def test_the_softmax_properties_first_corners_are_rows_past_1024():
+    """A softmax whose rows past 1024 take a chunked path (its running sum not rescaled) passed rows of at most 300."""
+    from attention_conformance.conformance.strategies import SOFTMAX_CORNER_ROWS, softmax_cases
+
+    cases = corner_cases(EVERYTHING, softmax_cases())
+    axes = [(c.inputs["x"].shape[c.inputs.get("axis", -1)], c.inputs["x"].size) for c in cases[:2]]
+    assert [n for n, _ in axes] == [2049, 1025]
+    assert all(size >= SOFTMAX_CORNER_ROWS * n for n, size in axes)
+
+
 def test_random_draws_see_no_hints():
     """Outside a corner the strategies draw as they always have: the hints are only read while building."""
     assert covering.hint("lengths") is None and not covering.hinted("scale")

@@ -1,0 +1,55 @@
+"""The 16-bit tolerance counts an operand rounded before the product (spec/tolerances.yaml, sixteen_bit, c_operand).
+
+Hugging Face's BART and Whisper, and Flax's dot_product_attention, scale the query in the input dtype before Q K^T.
+That rounding moves a score by up to u |scale| sum_d |q_d k_d|: where q . k cancels, far more than the score's own
+rounding (u |scale q . k|), which was all the model counted. A correct implementation failed at 4.2x.
+"""
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from attention_conformance.conformance import tolerances
+from attention_conformance.conformance.cases import Case
+from attention_conformance.conformance.judging import Judge
+from attention_conformance.conformance.report import ConformanceFailure
+from attention_conformance.implementations import load_implementation
+
+pytestmark = [pytest.mark.selfcheck, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+# q . k_0 = 13 * 11 - 11 * 13 = 0; both scores 0 exactly, yet q * (1 / sqrt 2) rounded to bfloat16 moves the first
+CANCELLING = {"q": np.array([[[[13.0, 11.0]]]]), "k": np.array([[[[11.0, -13.0], [0.0, 0.0]]]]),
+              "v": np.array([[[[1.0], [-1.0]]]])}
+
+
+def cancelling_case() -> Case:
+    return Case("sdpa", dict(CANCELLING), ("sdpa.definition",), "B1 Hq1/Hkv1 Lq1 Lk2 Dk2 Dv1 mask=none scale=None "
+                "(hand-made: q . k0 = 0 by cancellation)")
+
+
+def without_operand_term():
+    constants = dict(tolerances._sixteen_bit_constants(), c_operand=0.0)
+    return mock.patch.object(tolerances, "_sixteen_bit_constants", lambda: constants)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_query_scaled_in_the_dtype_passes_where_q_dot_k_cancels(dtype):
+    Judge(load_implementation("zoo.correct_prescaled_query"), dtype, "cpu").check(cancelling_case())
+
+
+def test_without_the_operand_term_the_same_case_failed_a_correct_implementation():
+    judge = Judge(load_implementation("zoo.correct_prescaled_query"), "bfloat16", "cpu")
+    with without_operand_term(), pytest.raises(ConformanceFailure, match="sdpa.definition"):
+        judge.check(cancelling_case())
+
+
+def test_the_operand_term_is_a_random_walk_over_the_head_dim_and_zero_at_scale_zero():
+    q, k, v = CANCELLING["q"], CANCELLING["k"], CANCELLING["v"]
+    with_term = tolerances.sdpa_allowed(q, k, v, None, False, None, "bfloat16")
+    with without_operand_term():
+        without = tolerances.sdpa_allowed(q, k, v, None, False, None, "bfloat16")
+        at_zero = tolerances.sdpa_allowed(q, k, v, None, False, 0.0, "bfloat16")
+    assert with_term.item() > 4 * without.item()
+    assert tolerances.sdpa_allowed(q, k, v, None, False, 0.0, "bfloat16").item() == at_zero.item()
