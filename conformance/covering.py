@@ -43,12 +43,14 @@ from attention_conformance.implementations._region import Region, causal_lengths
 # where the property draws that kind, else ``mask``: the i-th kind the property draws. One kind per corner
 # across properties: a compiling implementation then meets the same input signatures in every property and
 # compiles each once (jax_numpy's forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a
-# block of 64) also for an implementation that takes the small shapes, whose other corners are small.
+# block of 64) also for an implementation that takes the small shapes, whose other corners are small. long_cache:
+# the decode property's case of this corner has a cache past 4096 keys (strategies.DECODE_CACHE_LENGTHS).
 CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True, mask_kind="none"),
     dict(is_causal=True, lengths="q<k", kv="one", dk="min", scale=-1.0, mask_kind="none"),
     dict(is_causal=False, lengths="q>k", kv="one", dk="min", scale=0.0, mask=1, mask_kind="bool-full"),
-    dict(is_causal=False, lengths="decode", kv="grouped", dk="max", scale=None, mask=2, mask_kind="key-padding"),
+    dict(is_causal=False, lengths="decode", kv="grouped", dk="max", scale=None, mask=2, mask_kind="key-padding",
+         long_cache=True),
     dict(is_causal=True, lengths="q=k", kv="full", dk="max", scale=0.125, mask=1, mask_kind="bool-full"),
     dict(is_causal=False, lengths="q<k", kv="grouped", dk="min", scale=-1.0, mask=3, dv="other", mask_kind="float"),
     dict(is_causal=False, lengths="edge-1", kv="full", dk="max", scale=None, magnitude="large", kernel=True, mask_kind="none"),
@@ -265,7 +267,7 @@ def hints_for(corner: dict, index: int, region: Region, small: bool) -> dict:
         # A scale of a sign the region refuses becomes the default (1/sqrt(Dk), positive).
         "scale": corner["scale"] if scale_ok(region.scale, corner["scale"]) else None,
         "mask_kind": corner.get("mask_kind"),
-        "magnitude": corner.get("magnitude", "unit"),
+        "magnitude": corner.get("magnitude", "unit"), "long_cache": corner.get("long_cache", False),
     }
 
 

@@ -51,8 +51,12 @@ KERNEL_SMALL_LENGTHS = (1, 2, 3, 5, 8, 16, 17, 31, 32, 33)
 KERNEL_GROUPS = (1, 2, 4, 8, 3, 5, 6, 7)
 # The decode property's long caches, past the 4096 and 8192 keys a split-KV kernel may cap its splits at (a
 # decode kernel whose splits stopped at key 4096 passed three default runs when caches ended at 2049): its
-# covering corners take the longest that fits COVERING_SCORE_BUDGET, its random draws those within their budget.
+# long_cache covering corner takes the shortest past DECODE_CORNER_PAST that fits COVERING_SCORE_BUDGET, with head
+# dims of at most DECODE_CORNER_MAX_DK (jax_numpy took 79 ms a call at Lk 4097, Dk 256, 17 ms at Dk 16, 259 ms at
+# Lk 8193; a judged case 40-60 ms at Dk 64), its random draws those within their budget.
 DECODE_CACHE_LENGTHS = (4095, 4096, 4097, 8191, 8192, 8193)
+DECODE_CORNER_PAST = 4096
+DECODE_CORNER_MAX_DK = 64
 KERNEL_SCORE_BUDGET = 2**15
 # Implementations that take the small shapes draw a kernel-shaped case one time in KERNEL_SHARE.
 KERNEL_SHARE = 5
@@ -332,9 +336,10 @@ def _hinted_lengths(region: Region, heads: int, same_lengths: bool, lengths, que
     lq, lk = _lengths_in_order(*pair, region, is_causal)
     if same_lengths:
         lq = lk = max(lq, lk)
-    if query_mode == "decode" and lq <= 4:
-        longest = [n for n in region.lengths.members(DECODE_CACHE_LENGTHS) if heads * lq * n <= COVERING_SCORE_BUDGET]
-        lk = max(longest, default=lk)
+    if query_mode == "decode" and lq <= 4 and hint("long_cache"):
+        past = [n for n in region.lengths.members(DECODE_CACHE_LENGTHS) if n > DECODE_CORNER_PAST
+                and heads * lq * n <= COVERING_SCORE_BUDGET]
+        lk = min(past, default=lk)
     fits = (region.lengths.contains(lq) and region.lengths.contains(lk) and heads * lq * lk <= COVERING_SCORE_BUDGET
             and (lengths is None or (admits(lengths, lq) and admits(lengths, lk)))
             and (query_mode != "decode" or (lq <= 4 and lk > 64))
@@ -428,6 +433,9 @@ def sdpa_cases(
             lk = lq if same_lengths else draw(lengths, label="Lk")
         dims = _inside(st.integers(1, MAX_DIM) if dims is None else dims, region.head_dims)
     lq, lk = _lengths_in_order(lq, lk, region, is_causal)
+    if corner_lengths and lk > DECODE_CORNER_PAST:
+        narrow = region.head_dims.members(tuple(d for d in KERNEL_HEAD_DIMS if d <= DECODE_CORNER_MAX_DK))
+        dims = st.sampled_from(narrow) if narrow else dims
     dk = hint("Dk") if hint("Dk") is not None and admits(dims, hint("Dk")) else draw(dims, label="Dk")
     # Half the cases keep Dv == Dk, which many kernels require.
     wanted_dv = hint("Dv")
