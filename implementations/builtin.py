@@ -343,6 +343,24 @@ class _Buckets:
 _JITTED: dict = {}
 
 
+def _softmax_in_buckets(body, x, axis: int):
+    """``body`` (a softmax over ``axis``) jitted, as one program per bucket of sizes for concrete arrays (as
+    jax_numpy's _sdpa_in_buckets): the axis moved last and the rest flattened to rows on the host, the rows padded
+    to a power of two (at least 32) and cut off after, the axis padded likewise with -inf, which adds exp(-inf) = 0
+    to every sum (jax_numpy: 51 -> 11 XLA compiles over its tests in one process with buckets from 8; 12 -> 8 with
+    buckets from 32). Traced or empty arrays take the plain jitted body."""
+    if _traced(x) or not np.size(x):
+        return _jitted(body, "axis")(x, axis=axis)
+    import jax
+
+    moved = np.moveaxis(np.asarray(x), axis, -1)
+    rows = moved.reshape(-1, moved.shape[-1])
+    padded = _padded(rows, (_bucket(rows.shape[0], 32), _bucket(rows.shape[1], 32)), -np.inf)
+    padded[rows.shape[0]:] = 0  # whole padding rows: finite, never read
+    out = np.asarray(_jitted(body, "axis")(padded, axis=-1))[:rows.shape[0], :rows.shape[1]]
+    return jax.device_put(np.ascontiguousarray(np.moveaxis(out.reshape(moved.shape), -1, axis)))
+
+
 def _jitted(fn, *static: str):
     """jax.jit of ``fn`` with the named arguments static, built once.
 
@@ -1251,7 +1269,7 @@ class JaxDotProductAttention:
 
     @staticmethod
     def softmax(x, axis=-1):
-        return _jitted(JaxDotProductAttention._softmax, "axis")(x, axis=axis)
+        return _softmax_in_buckets(JaxDotProductAttention._softmax, x, axis)
 
     @staticmethod
     def _softmax(x, axis=-1):
@@ -1384,24 +1402,7 @@ class JaxNumpy:
 
     @staticmethod
     def softmax(x, axis=-1):
-        if _traced(x) or not np.size(x):
-            return _jitted(JaxNumpy._softmax, "axis")(x, axis=axis)
-        return JaxNumpy._softmax_in_buckets(np.asarray(x), axis)
-
-    @staticmethod
-    def _softmax_in_buckets(x: np.ndarray, axis: int):
-        """softmax as one jitted program per bucket of sizes (as _sdpa_in_buckets): the axis moved last and the rest
-        flattened to rows on the host, the rows padded to a power of two (at least 32) and cut off after, the axis
-        padded likewise with -inf, which adds exp(-inf) = 0 to every sum (51 -> 11 XLA compiles over its tests in one
-        process with buckets from 8; 12 -> 8 with buckets from 32)."""
-        import jax
-
-        moved = np.moveaxis(x, axis, -1)
-        rows = moved.reshape(-1, moved.shape[-1])
-        padded = _padded(rows, (_bucket(rows.shape[0], 32), _bucket(rows.shape[1], 32)), -np.inf)
-        padded[rows.shape[0]:] = 0  # whole padding rows: finite, never read
-        out = np.asarray(_jitted(JaxNumpy._softmax, "axis")(padded, axis=-1))[:rows.shape[0], :rows.shape[1]]
-        return jax.device_put(np.ascontiguousarray(np.moveaxis(out.reshape(moved.shape), -1, axis)))
+        return _softmax_in_buckets(JaxNumpy._softmax, x, axis)
 
     @staticmethod
     def _softmax(x, axis=-1):
