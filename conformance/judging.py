@@ -133,6 +133,16 @@ def accuracy_clause(case: Case) -> str:
     return next((c for c in case.clauses if c not in OWN_CHECK_CLAUSES), fallback)
 
 
+
+def exceeds_allowed(error: float, allowed: float, ratio: float, tolerance: str, largest: float) -> str:
+    """The problem line of a value over its allowance: the worst element's error against what it was allowed (the
+    element furthest over, by error / allowed), and the largest error where another element, allowed more, has it."""
+    text = (f"error {error:.3e} exceeds the allowed error {allowed:.3e} ({ratio:.3g}x the {tolerance} of "
+            "spec/tolerances.yaml) at the worst element (the furthest over its allowance)")
+    if largest > error:
+        text += f"; the largest error, {largest:.3e}, is at an element allowed more"
+    return text
+
 class Judge(Containment, Attribution):
     """Judges cases of one implementation on one device and dtype; knows how to word a verdict."""
 
@@ -447,9 +457,8 @@ class Judge(Containment, Attribution):
             record.clause = failing_clause
             self.fail(
                 failing_clause, case, inputs,
-                f"max abs error {max_error:.3e} exceeds the allowed error "
-                f"(worst element: error {error[worst]:.3e} > allowed {allowed[worst]:.3e}, "
-                f"{ratio[worst]:.3g}x the {self.dtype} tolerance of spec/tolerances.yaml){blame}",
+                exceeds_allowed(error[worst], allowed[worst], ratio[worst], f"{self.dtype} tolerance", max_error)
+                + blame,
                 f"{self.element(case, inputs, index)}: got {got[worst]:.9g}, oracle {want[worst]:.9g}",
                 record=record, drawn_for=clause, attribute=False,
             )

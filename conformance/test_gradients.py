@@ -24,6 +24,7 @@ from attention_conformance.conformance import oracle, oracle_backward
 from attention_conformance.conformance.cases import Case, widen
 from attention_conformance.conformance.checks import ImplementationHung, Judge
 from attention_conformance.conformance.gradients import NotDifferentiable, backward_allowed, gradients
+from attention_conformance.conformance.judging import exceeds_allowed
 from attention_conformance.conformance.plugin import require_device
 from attention_conformance.conformance.report import _own_dtype, array_source
 from attention_conformance.conformance.strategies import DerivedCase, sdpa_cases
@@ -235,9 +236,9 @@ def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "
         if ratio[worst] > 1.0:
             clause, note = blame(judge, case, inputs, name)
             index = tuple(int(i) for i in worst)
-            problem = (f"{name} = dL/d{INPUT_OF[name]}: max abs error {float(error.max()):.3e} exceeds the allowed "
-                       f"error (worst element: error {error[worst]:.3e} > allowed {allowed[name][worst]:.3e}, "
-                       f"{ratio[worst]:.3g}x the {judge.dtype} sdpa_backward tolerance of spec/tolerances.yaml){note}")
+            problem = f"{name} = dL/d{INPUT_OF[name]}: " + exceeds_allowed(
+                error[worst], allowed[name][worst], ratio[worst], f"{judge.dtype} sdpa_backward tolerance",
+                float(error.max())) + note
             non_finite = ~np.isfinite(got[name]) & np.isfinite(want[name])
             if non_finite.any():
                 index = tuple(int(i) for i in np.argwhere(non_finite)[0])
