@@ -102,7 +102,10 @@ class Attribution:
             if mask is not None and mask.shape != target and own != "mask.broadcast":
                 yield ("mask.broadcast", "with the mask broadcast to (B, Hq, Lq, Lk) beforehand",
                        derived("mask broadcast", mask=np.broadcast_to(mask, target).copy()))
-        if case.op == "multi_head_attention":  # its variant keywords first: what an MHA variant case is drawn for
+        # Variant keywords the case was not drawn for, each taken out in turn: an MHA variant case carries several,
+        # as does an sdpa case combining variants (test_learnable_sink_joins_after_the_other_variants: a key_lengths
+        # that kept key j == length was filed under sdpa.learnable-sink, its case passing without key_lengths).
+        if case.op in ("multi_head_attention", "sdpa"):
             for name in (n for n in MHA_VARIANT_PROBES if n in oracle.variant_options(inputs)):
                 clause = next(c for c, names in VARIANT_CLAUSE_KEYWORDS.items() if names == (name,)) \
                     if name != "key_lengths" else "sdpa.varlen"

@@ -152,3 +152,32 @@ def test_variant_tolerance_terms_only_add(dtype):
     assert (capped >= plain).all() and (capped > plain).any()
     biased = tolerances.sdpa_allowed(q, k, v, None, False, None, dtype, alibi_slopes=np.array([0.0, 0.0]))
     assert np.allclose(biased, plain)  # zero slopes: a zero bias, nothing to round
+
+
+class _KeyLengthsInclusive:
+    """sdpa whose key_lengths keep key j == length too (j <= L instead of j < L); every other keyword right."""
+
+    ARRAY = "numpy"
+    DTYPES = ("float64",)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, key_lengths=None, learnable_sink=None):
+        lengths = None if key_lengths is None else np.minimum(np.asarray(key_lengths) + 1, k.shape[2])
+        return oracle.sdpa(q, k, v, mask, is_causal, scale, key_lengths=lengths, learnable_sink=learnable_sink)
+
+
+def test_a_variant_bug_in_a_case_drawn_for_another_variant_is_filed_under_its_own_clause():
+    """A case of test_learnable_sink_joins_after_the_other_variants carries key_lengths too: it passes without them,
+    so the fault is sdpa.varlen's (it was filed under sdpa.learnable-sink, the case's own clause)."""
+    from attention_conformance.implementations._registry import from_object
+
+    rng = np.random.default_rng(3)
+    inputs = {"q": rng.standard_normal((1, 2, 3, 4)), "k": rng.standard_normal((1, 2, 6, 4)),
+              "v": rng.standard_normal((1, 2, 6, 4)), "key_lengths": np.array([3], np.int32),
+              "learnable_sink": np.array([0.5, -1.0])}
+    case = Case("sdpa", inputs, ("sdpa.learnable-sink",), "B1 Hq2/Hkv2 Lq3 Lk6 key_lengths=[3] sink (hand-made)")
+    judge = Judge(from_object(_KeyLengthsInclusive, "key_lengths_inclusive", "tests:key_lengths_inclusive"),
+                  "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(case)
+    assert raised.value.clause == "sdpa.varlen", str(raised.value)
