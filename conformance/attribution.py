@@ -113,6 +113,11 @@ class Attribution:
                     dropped = ("key_lengths", "query_lengths") if name == "key_lengths" else (name,)
                     yield clause, f"without {name}", derived(f"without {name}",
                                                              **{n: VARIANT_DEFAULTS[n] for n in dropped})
+        if case.op == "multi_head_attention" and inputs["params"].get("b_o") is not None \
+                and own != "mha.output-projection":
+            # An output bias added wrongly (once per head, say) fails every MHA test a case with b_o meets.
+            yield ("mha.output-projection", "without the output bias b_o",
+                   derived("without b_o", params={n: p for n, p in inputs["params"].items() if n != "b_o"}))
         # With a query_offset the causal band is that clause's (sdpa.query-offset), not the top-left one's.
         causal_clause = "sdpa.query-offset" if inputs.get("query_offset") else "causal.top-left"
         if inputs.get("is_causal") and not any(c.startswith("causal.") for c in about) and causal_clause not in about:

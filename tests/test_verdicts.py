@@ -130,3 +130,34 @@ def test_a_nan_gradient_is_named_as_non_finite(kept_records):
     message = str(raised.value)
     assert "dq = dL/dq: 12 non-finite element(s) where the analytic backward is finite" in message  # (1, 1, 3, 4)
     assert "dq index (0, 0, 0, 0): got nan, analytic backward" in message
+
+
+class _OutputBiasPerHead:
+    """multi_head_attention projecting the output head by head and adding b_o once per head (num_heads times)."""
+
+    DTYPES = ("float64",)
+
+    @staticmethod
+    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+        from zoo import _reference as ref
+
+        out = ref.multi_head_attention(query, key, value, params, num_heads, mask, is_causal)
+        return out + (num_heads - 1) * params["b_o"] if params.get("b_o") is not None else out
+
+
+def test_an_output_bias_fault_met_by_a_case_drawn_for_another_mha_clause_is_the_output_projections():
+    """Such a bug failed every MHA test whose case had b_o and was filed under ten clauses; the case passes without
+    b_o, so it is mha.output-projection's."""
+    from attention_conformance.implementations._registry import from_object
+
+    rng = np.random.default_rng(5)
+    params = {"w_q": rng.standard_normal((8, 8)), "w_k": rng.standard_normal((8, 8)), "w_v": rng.standard_normal((8, 8)),
+              "w_o": rng.standard_normal((8, 8)), "b_o": rng.standard_normal(8)}
+    x = rng.standard_normal((1, 3, 8))
+    case = Case("multi_head_attention", {"query": x, "key": x, "value": x, "params": params, "num_heads": 2},
+                ("mha.head-split",), "B1 L3 E8 H2 bias=output (hand-made)")
+    judge = Judge(from_object(_OutputBiasPerHead, "output_bias_per_head", "tests:output_bias_per_head"), "float64",
+                  "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(case)
+    assert raised.value.clause == "mha.output-projection", str(raised.value)
