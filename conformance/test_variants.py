@@ -17,6 +17,7 @@ from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.strategies import DerivedCase, variant_cases
 from attention_conformance.conformance.strategies import VARIANTS, sink_chunk_leftpad_cases
 from attention_conformance.conformance.test_properties import _derived, _judge, _same, check, property_test
+from attention_conformance.conformance.properties import UNLESS_COMPILED
 from attention_conformance.implementations._registry import VARIANT_DEFAULTS, missing_keywords_message
 
 pytestmark = pytest.mark.conformance
@@ -43,7 +44,7 @@ def needs(*keywords: str):
 
 
 # ----------------------------------------------------------------- against the oracle
-@property_test(covering_set="brief", requires=needs("window", "query_offset"))
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs("window", "query_offset"))
 @sdpa_op
 @given(case=variant_cases(variants=("window", "query_offset"), clauses=("sdpa.window",),
                           mask_kinds=("none", "key-padding", "bool-full")))
@@ -51,7 +52,7 @@ def test_window(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(covering_set="brief", requires=needs("softcap"))
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs("softcap"))
 @sdpa_op
 @given(case=variant_cases(variants=("softcap",), clauses=("sdpa.softcap",), mask_kinds=("none", "bool-full", "float"),
                           scale=st.none() | st.sampled_from([1.0, -0.5])))
@@ -157,7 +158,7 @@ def test_key_lengths_are_a_key_padding_mask(impl, device, dtype, case):
 VARIANT_KEYWORDS = ("window", "softcap", "alibi_slopes", "query_offset", "key_lengths", "query_lengths")
 
 
-@property_test(covering_set="brief", requires=needs("learnable_sink"))
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs("learnable_sink"))
 @sdpa_op
 @given(case=sink_chunk_leftpad_cases(features=("learnable_sink",), clauses=("sdpa.learnable-sink",),
                                      mask_kinds=("none", "bool-full", "key-padding", "float")))

@@ -189,3 +189,26 @@ def test_shrinking_stops_at_its_time_limit_and_keeps_one_failed_record(monkeypat
     assert "[sdpa.scale-default]" in str(stopped.value) and "SHRINK_BUDGET_S" in str(stopped.value)
     failed = [r for r in checks.RECORDS[start:] if r.status == "failed"]
     assert len(failed) == 1
+
+
+def test_the_variant_properties_take_kernel_corners_unless_the_implementation_compiles():
+    """test_window, test_softcap and test_learnable_sink (kernel_corners=UNLESS_COMPILED): kernel-shaped corners, past a
+    key block of 64, for an implementation that takes the small shapes and calls cheaply (held-out tiled kernels that
+    skipped the softcap on whole key blocks, added the sink once per block, or cut a window's last key block passed
+    with small corners); small ones for a compiling implementation, each kernel-shaped corner another compile."""
+    from attention_conformance.conformance import test_variants
+
+    class Cheap:
+        compiled = False
+
+    class Compiling:
+        compiled = True
+
+    kernel = properties.covering_corners(Cheap(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
+    small = properties.covering_corners(Compiling(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
+    assert kernel and all(hints["kernel"] and max(hints["lengths"]) > 64 for hints in kernel)
+    assert small and not any(hints["kernel"] for hints in small)
+    assert properties.covering_corners(Cheap(), EVERYTHING, "brief") == [
+        h for i, h in enumerate(covering.covering_hints(EVERYTHING, small=True)) if i in properties.BRIEF_CORNERS]
+    assert all(getattr(test_variants, name).kernel_corners == properties.UNLESS_COMPILED
+               for name in ("test_window", "test_softcap", "test_learnable_sink"))
