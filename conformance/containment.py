@@ -164,8 +164,7 @@ def _returned_since(impl) -> bool:
     late = getattr(impl, "hung_call", None)
     if late is None or late[1] == running_test():
         return False
-    done = late[0]
-    return done.acquire(blocking=False)
+    return late[0].acquire(blocking=False)  # released when the call returned
 
 
 def _call_thread(impl) -> CallThread:

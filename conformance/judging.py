@@ -133,7 +133,6 @@ def accuracy_clause(case: Case) -> str:
     return next((c for c in case.clauses if c not in OWN_CHECK_CLAUSES), fallback)
 
 
-
 def exceeds_allowed(error: float, allowed: float, ratio: float, tolerance: str, largest: float) -> str:
     """The problem line of a value over its allowance: the worst element's error against what it was allowed (the
     element furthest over, by error / allowed), and the largest error where another element, allowed more, has it."""
@@ -142,6 +141,7 @@ def exceeds_allowed(error: float, allowed: float, ratio: float, tolerance: str, 
     if largest > error:
         text += f"; the largest error, {largest:.3e}, is at an element allowed more"
     return text
+
 
 class Judge(Containment, Attribution):
     """Judges cases of one implementation on one device and dtype; knows how to word a verdict."""

@@ -146,12 +146,13 @@ def _meets(rec, condition) -> bool:
 
 
 def implementation_causes(name: str, failures: list, passes: list) -> list[Cause]:
-    hangs = [rec for rec in failures if hang(rec)]
-    causes = [_hang_cause(name, hangs)] if hangs else []
-    by_exception = defaultdict(list)
+    hangs, by_exception = [], defaultdict(list)
     for rec in failures:
-        if not hang(rec):
+        if hang(rec):
+            hangs.append(rec)
+        else:
             by_exception[raised(rec)].append(rec)
+    causes = [_hang_cause(name, hangs)] if hangs else []
     remaining = by_exception.pop(None, [])
     for exception, group in sorted(by_exception.items(), key=lambda item: -len(item[1])):
         # The condition met by the most of them and by no case that passed (the fewest factors on a tie).

@@ -249,10 +249,9 @@ def _kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: bo
         return n, n
     if mode == "decode":
         lq = draw(st.sampled_from(region.lengths.members((1, 2, 4)) or candidates[:1]), label="Lq (decode)")
+        long_caches = region.lengths.members(DECODE_CACHE_LENGTHS) if query_mode == "decode" else []
+        keys = [n for n in candidates + long_caches if lq * n <= budget_per_pair] or candidates[:1]
         if query_mode == "decode":  # the property is about a long cache: past one key tile of 64
-            candidates = candidates + region.lengths.members(DECODE_CACHE_LENGTHS)
-        keys = [n for n in candidates if lq * n <= budget_per_pair] or candidates[:1]
-        if query_mode == "decode":
             keys = [n for n in keys if n > 64] or keys
         return lq, draw(st.sampled_from(keys), label="Lk")
     # Cross: long query blocks (Lq past 128 and 256) against fewer keys, or the other way round.
@@ -499,9 +498,8 @@ def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_S
     if corner is not None and corner < len(SOFTMAX_CORNER_LENGTHS):
         # The first covering corners (conformance/covering.py) are rows past the widths a kernel chunks at, several
         # of them: a chunked path errs only in rows whose maximum lies past the first chunk.
-        if ndim == 1:
-            shape, chosen_axis = [SOFTMAX_CORNER_ROWS, 1], -1
-        shape = [SOFTMAX_CORNER_ROWS] * len(shape)
+        chosen_axis = -1 if ndim == 1 else chosen_axis
+        shape = [SOFTMAX_CORNER_ROWS] * max(ndim, 2)
         shape[chosen_axis] = SOFTMAX_CORNER_LENGTHS[corner]
     elif draw(st.integers(0, 2), label="long axis") == 0:
         shape[chosen_axis] = draw(st.sampled_from(SOFTMAX_EDGE_LENGTHS) | st.integers(8, MAX_SOFTMAX_AXIS),

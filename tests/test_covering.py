@@ -106,9 +106,7 @@ def test_kernel_corners_cross_a_block_with_the_propertys_own_widths():
 @pytest.mark.parametrize("region", [EVERYTHING, FLASH], ids=["everything", "flash"])
 def test_the_decode_propertys_corners_reach_past_4096_keys(region):
     """A split-KV decode kernel that caps its splits (keys past 4096 dropped) passed caches of at most 2049 keys."""
-    from hypothesis import strategies as hst
-
-    strategy = sdpa_cases(mask_kinds=("none", "key-padding", "float"), causal=hst.just(False), query_mode="decode")
+    strategy = sdpa_cases(mask_kinds=("none", "key-padding", "float"), causal=st.just(False), query_mode="decode")
     cases = corner_cases(region, strategy)
     decode = [c for c in cases if c.inputs["q"].shape[2] <= 4]
     assert 4097 in {c.inputs["k"].shape[2] for c in decode}

@@ -15,6 +15,7 @@ from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.checks import Judge
 from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.implementations import load_implementation
+from attention_conformance.implementations._registry import from_object
 from zoo import correct_variants_reference as reference
 
 # kept_records: these judges record cases that the session's own summary and report must not count.
@@ -169,8 +170,6 @@ class _KeyLengthsInclusive:
 def test_a_variant_bug_in_a_case_drawn_for_another_variant_is_filed_under_its_own_clause():
     """A case of test_learnable_sink_joins_after_the_other_variants carries key_lengths too: it passes without them,
     so the fault is sdpa.varlen's (it was filed under sdpa.learnable-sink, the case's own clause)."""
-    from attention_conformance.implementations._registry import from_object
-
     rng = np.random.default_rng(3)
     inputs = {"q": rng.standard_normal((1, 2, 3, 4)), "k": rng.standard_normal((1, 2, 6, 4)),
               "v": rng.standard_normal((1, 2, 6, 4)), "key_lengths": np.array([3], np.int32),

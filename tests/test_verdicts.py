@@ -12,6 +12,7 @@ from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.checks import Judge
 from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.implementations import load_implementation
+from attention_conformance.implementations._registry import from_object
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,8 +149,6 @@ class _OutputBiasPerHead:
 def test_an_output_bias_fault_met_by_a_case_drawn_for_another_mha_clause_is_the_output_projections():
     """Such a bug failed every MHA test whose case had b_o and was filed under ten clauses; the case passes without
     b_o, so it is mha.output-projection's."""
-    from attention_conformance.implementations._registry import from_object
-
     rng = np.random.default_rng(5)
     params = {"w_q": rng.standard_normal((8, 8)), "w_k": rng.standard_normal((8, 8)), "w_v": rng.standard_normal((8, 8)),
               "w_o": rng.standard_normal((8, 8)), "b_o": rng.standard_normal(8)}
