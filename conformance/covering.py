@@ -205,19 +205,30 @@ def _block(region: Region) -> int:
     return region.lengths.multiple if region.lengths.multiple > 1 else 64
 
 
-def _length_pair(relation: str, region: Region, small: bool) -> tuple[int, int]:
-    """(Lq, Lk) for a length relation: small shapes (1..7), or around the region's block."""
+# The query block of GPU attention kernels (FlashAttention-2 and Triton's tutorial tile queries by 128 rows): bugs of
+# a kernel's second query block need a query past it.
+QUERY_BLOCK_ROWS = 128
+
+
+def _length_pair(relation: str, region: Region, small: bool, past_query_block: bool = False) -> tuple[int, int]:
+    """(Lq, Lk) for a length relation: small shapes (1..7), or around the region's block (``past_query_block``: the
+    queries of "q>k", "q=k" and "q<k" past QUERY_BLOCK_ROWS as well)."""
     if small:
         return {"q>k": (7, 3), "q<k": (3, 7), "q=k": (5, 5), "decode": (1, 7), "edge-1": (6, 6),
                 "edge": (7, 7)}[relation]
     block = _block(region)
-    near = sorted({n for m in (block, 2 * block, 3 * block) for n in (m - 1, m, m + 1)} | {1, 2, 4})
-    members = region.lengths.members(near) or [region.lengths.min]
-    up_to_block = [n for n in members if n <= block] or members[:1]
-    past_block = [n for n in members if n > block] or members[-1:]
+    reach = max(block, QUERY_BLOCK_ROWS) if past_query_block else block
+    near = {n for m in (block, 2 * block, 3 * block) for n in (m - 1, m, m + 1)} | {1, 2, 4}
+    if past_query_block:
+        near |= {n for m in (reach, 2 * reach) for n in (m - 1, m, m + 1)}
+    members = region.lengths.members(sorted(near)) or [region.lengths.min]
+    up_to_block = [n for n in members if n <= reach] or members[:1]
+    past_block = [n for n in members if n > reach] or members[-1:]
     if relation == "q>k":  # one query block more than the keys: a causal key loop must stop at the last key
         return past_block[0], up_to_block[-1]
     if relation == "q<k":
+        if past_query_block and len(past_block) > 1:
+            return past_block[0], past_block[min(len(past_block) - 1, 2)]
         return up_to_block[-1], past_block[min(len(past_block) - 1, 2)]
     if relation == "q=k":
         return past_block[0], past_block[0]
@@ -237,11 +248,12 @@ def _kv_heads(kv: str, region: Region, small: bool) -> tuple[int, int]:
     return {"grouped": (2, 2), "one": (1, largest), "full": (2, 1)}[kv]
 
 
-def hints_for(corner: dict, index: int, region: Region, small: bool) -> dict:
-    """The corner's concrete values for an sdpa case inside ``region`` (what strategies.py reads)."""
+def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_block: bool = False) -> dict:
+    """The corner's concrete values for an sdpa case inside ``region`` (what strategies.py reads;
+    ``past_query_block``: _length_pair's)."""
     small = small and not corner.get("kernel", False)
     hkv, group = _kv_heads(corner["kv"], region, small)
-    lq, lk = _length_pair(corner["lengths"], region, small)
+    lq, lk = _length_pair(corner["lengths"], region, small, past_query_block)
     # Adjusted into a region that takes Lq == Lk only (the longer length: past the block where there is one), or
     # whose causal path declares a length relation (a causal Lq > Lk corner becomes Lq < Lk there).
     if region.equal_lengths or (corner["is_causal"] and region.causal_lengths == "lq==lk"):
@@ -271,6 +283,7 @@ def hints_for(corner: dict, index: int, region: Region, small: bool) -> dict:
     }
 
 
-def covering_hints(region: Region, small: bool) -> list[dict]:
-    """Every corner of CORNERS made concrete for ``region`` (``small``: it takes the small shapes)."""
-    return [hints_for(corner, i, region, small) for i, corner in enumerate(CORNERS)]
+def covering_hints(region: Region, small: bool, past_query_block: bool = False) -> list[dict]:
+    """Every corner of CORNERS made concrete for ``region`` (``small``: it takes the small shapes;
+    ``past_query_block``: _length_pair's)."""
+    return [hints_for(corner, i, region, small, past_query_block) for i, corner in enumerate(CORNERS)]

@@ -53,6 +53,8 @@ NARROW_FLOOR_PER_PROPERTY = 25
 # with scale 0 and a mask, causal Lq = Lk with Hkv = Hq (covering.CORNERS); one for compiling implementations.
 BRIEF_CORNERS = (1, 2, 4)
 BRIEF_CORNERS_COMPILED = (1,)
+# ... and with kernel corners: the decode corner too (Lq 1 against 193 keys), where a split-KV path takes over.
+BRIEF_KERNEL_CORNERS = (1, 2, 3, 4)
 SHRINK_BUDGET_S = 15.0  # how long Hypothesis may shrink a failing example (the per-test limit is 120 s)
 
 
@@ -184,9 +186,12 @@ def _same_structure(value) -> str:
     return _SEED_WORDS.sub("", label) if label is not None else repr(value)
 
 
-# kernel_corners=UNLESS_COMPILED: the window, softcap and learnable-sink properties, whose tiled kernels' bugs live in
-# the key blocks a window or a causal band leaves whole (held-out kernels that skipped the softcap there, added the
-# sink once per key block, or cut the window's last key block at a query block's first row passed default runs).
+# kernel_corners=UNLESS_COMPILED: the window, softcap, ALiBi, key-lengths and learnable-sink properties, whose tiled
+# kernels' bugs live in the key blocks a window or a causal band leaves whole, past a kernel's first query block of
+# 128 rows, or in its split-KV decode path (held-out kernels that skipped the softcap there, added the sink once per
+# key block, cut the window's last key block at a query block's first row, measured ALiBi from the row inside its
+# query block, masked key lengths in the last key block only, or forgot the sink in split-KV decode passed default
+# runs). Their corners "q>k" and "q=k" go one past 128 rows (covering._length_pair) and the brief set adds decode.
 # Kernel-shaped corners there and in causal-with-mask cost the compiling built-ins 29 s of CPU cold (19.5 -> 48.4 s,
 # mostly XLA compiles), the others 0.5 s warm.
 UNLESS_COMPILED = "unless compiled"
@@ -196,11 +201,16 @@ def covering_corners(impl, region, covering_set: str, kernel_corners: bool | str
     """The corners (covering.covering_hints) a property runs on this implementation (``kernel_corners``: each
     kernel-shaped, property_test)."""
     compiled = impl is not None and impl.compiled
+    small = _small_shapes_inside(region)
+    # A variant property's kernel-shaped corners reach a second query block of 128 rows; a compiling implementation
+    # whose region holds only kernel shapes gets them too (the same number of compiles).
+    past_query_block = kernel_corners == UNLESS_COMPILED and (not compiled or not small)
     if kernel_corners == UNLESS_COMPILED:
         kernel_corners = not compiled
-    corners = covering.covering_hints(region, _small_shapes_inside(region) and not kernel_corners)
+    corners = covering.covering_hints(region, small and not kernel_corners, past_query_block=past_query_block)
     if covering_set == "brief":
-        corners = [corners[i] for i in (BRIEF_CORNERS_COMPILED if compiled else BRIEF_CORNERS)]
+        brief = BRIEF_KERNEL_CORNERS if past_query_block else BRIEF_CORNERS
+        corners = [corners[i] for i in (BRIEF_CORNERS_COMPILED if compiled else brief)]
     elif compiled:
         corners = corners[:COMPILED_CORNERS]
     return corners

@@ -60,7 +60,7 @@ def test_softcap(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(covering_set="brief", requires=needs("alibi_slopes", "query_offset"))
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs("alibi_slopes", "query_offset"))
 @sdpa_op
 @given(case=variant_cases(variants=("alibi_slopes", "query_offset"), clauses=("sdpa.alibi",),
                           mask_kinds=("none", "key-padding")))
@@ -76,7 +76,7 @@ def test_query_offset(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(covering_set="brief", requires=needs("key_lengths", "query_lengths"))
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs("key_lengths", "query_lengths"))
 @sdpa_op
 @given(case=variant_cases(variants=("lengths",), clauses=("sdpa.varlen",), mask_kinds=("none", "bool-full")))
 def test_varlen(impl, device, dtype, case):

@@ -189,24 +189,57 @@ def test_shrinking_stops_at_its_time_limit_and_keeps_one_failed_record(monkeypat
     assert len(failed) == 1
 
 
+class _Cheap:
+    compiled = False
+
+
+class _Compiling:
+    compiled = True
+
+
 def test_the_variant_properties_take_kernel_corners_unless_the_implementation_compiles():
-    """test_window, test_softcap and test_learnable_sink (kernel_corners=UNLESS_COMPILED): kernel-shaped corners, past a
-    key block of 64, for an implementation that takes the small shapes and calls cheaply (held-out tiled kernels that
-    skipped the softcap on whole key blocks, added the sink once per block, or cut a window's last key block passed
-    with small corners); small ones for a compiling implementation, each kernel-shaped corner another compile."""
+    """test_window, test_softcap, test_alibi, test_varlen and test_learnable_sink (kernel_corners=UNLESS_COMPILED):
+    kernel-shaped corners, past a key block of 64, for an implementation that takes the small shapes and calls
+    cheaply (held-out tiled kernels that skipped the softcap on whole key blocks, added the sink once per block, or
+    cut a window's last key block passed with small corners); small ones for a compiling implementation, each
+    kernel-shaped corner another compile."""
     from attention_conformance.conformance import test_variants
 
-    class Cheap:
-        compiled = False
-
-    class Compiling:
-        compiled = True
-
-    kernel = properties.covering_corners(Cheap(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
-    small = properties.covering_corners(Compiling(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
+    kernel = properties.covering_corners(_Cheap(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
+    small = properties.covering_corners(_Compiling(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
     assert kernel and all(hints["kernel"] and max(hints["lengths"]) > 64 for hints in kernel)
     assert small and not any(hints["kernel"] for hints in small)
-    assert properties.covering_corners(Cheap(), EVERYTHING, "brief") == [
+    assert properties.covering_corners(_Cheap(), EVERYTHING, "brief") == [
         h for i, h in enumerate(covering.covering_hints(EVERYTHING, small=True)) if i in properties.BRIEF_CORNERS]
     assert all(getattr(test_variants, name).kernel_corners == properties.UNLESS_COMPILED
-               for name in ("test_window", "test_softcap", "test_learnable_sink"))
+               for name in ("test_window", "test_softcap", "test_alibi", "test_varlen", "test_learnable_sink"))
+
+
+@pytest.mark.parametrize("implementation, region", [(_Cheap(), EVERYTHING), (_Compiling(), FLASH)],
+                         ids=["cheap", "compiling-kernel-region"])
+def test_the_variant_kernel_corners_reach_a_second_query_block_and_split_kv_decode(implementation, region):
+    """Held-out tiled kernels (query blocks of 128 rows) that measured ALiBi from the row inside its block, masked key
+    lengths in the last key block only, or forgot the sink in split-KV decode passed corners of at most 65 rows and a
+    brief set without decode: the variant properties' kernel corners have a query past row 128 (Lq > Lk and Lq = Lk)
+    and, for an implementation that does not compile, Lq 1 against more than 128 keys. A compiling implementation
+    whose region holds only kernel shapes gets the longer lengths at no further compile."""
+    corners = properties.covering_corners(implementation, region, "brief", properties.UNLESS_COMPILED)
+    assert any(hints["lengths"][0] > 128 for hints in corners)
+    if not implementation.compiled:
+        pairs = {hints["lengths"] for hints in corners}
+        assert any(lq > 128 and lq > lk for lq, lk in pairs) and any(lq > 128 and lq == lk for lq, lk in pairs)
+        assert any(lq == 1 and lk > 128 for lq, lk in pairs)
+    # The other properties keep their queries within a block of 64 and one row past it.
+    assert all(h["lengths"][0] <= 65 for h in properties.covering_corners(implementation, region, "full"))
+
+
+def test_a_covering_corners_learnable_sink_changes_its_rows():
+    """The "below" sink form leaves every row as it is; a covering corner that drew it tested nothing of the sink
+    (a split-KV decode path that forgot the sink passed a run whose decode corner had drawn it)."""
+    from attention_conformance.conformance import strategies
+
+    strategy = strategies.sink_chunk_leftpad_cases(features=("learnable_sink",), mask_kinds=("none",))
+    cases = corner_cases(EVERYTHING, strategy, small=False)
+    assert len(cases) >= 4
+    assert all("sink=below" not in case.label for case in cases)
+    assert "below" in strategies.SINK_FORMS  # random draws still take it

@@ -1,0 +1,19 @@
+"""Broken: a causal tiled kernel's fast path for key blocks wholly below the band skips the explicit mask too."""
+import numpy as np
+
+from zoo import correct_flash_tiled_variants as tiled
+
+BUG = ("query blocks of 128 rows, key blocks of 64; under is_causal a key block wholly below the causal band of a "
+       "query block (every key at or before its first row) skips the causal test and, wrongly, the explicit mask: "
+       "from row 128 on, masked keys of the first blocks are attended (a float mask's bias is dropped there).")
+SOURCE = ("hunt of stop 37 (held-out implementation): no query block has an interior key block before row 128, "
+          "so every corner passed")
+EXPECTED_CLAUSES = frozenset({"causal.top-left", "mask.bool-true-attends", "mask.float-additive"})
+DTYPES = tiled.DTYPES
+
+
+def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+         query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None):
+    return tiled.tiled(q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                       query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
+                       interior_bias=np.zeros_like)  # BUG: the interior fast path drops the mask

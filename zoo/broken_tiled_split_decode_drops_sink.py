@@ -1,0 +1,17 @@
+"""Broken: a split-KV decode path combines its splits without the learnable sink."""
+import numpy as np
+
+from zoo import correct_flash_tiled_variants as tiled
+
+BUG = ("a decode call (Lq 1) against more than 128 keys runs split-KV and combines the splits' partials without "
+       "the learnable sink (the prefill path and short caches add it): the sink is ignored exactly there.")
+SOURCE = "hunt of stop 37 (held-out implementation): no sink case had Lq 1 against more than 128 keys"
+EXPECTED_CLAUSES = frozenset({"sdpa.learnable-sink"})
+DTYPES = tiled.DTYPES
+
+
+def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+         query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None):
+    return tiled.tiled(q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                       query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
+                       sink_in_split_decode=np.zeros_like)  # BUG: the combine forgets the sink
