@@ -284,6 +284,19 @@ def _sixteen_bit_underflow(u: float) -> float:
     raise ValueError(f"no 16-bit dtype has unit roundoff {u}")
 
 
+def operand_group_sizes(x: np.ndarray, u: float) -> np.ndarray:
+    """For each element of ``x`` (values of a format of unit roundoff ``u``), how many elements of its row (the last
+    axis) share its significand: scaled by one factor, they round with the same relative error (1 where the
+    significand is the row's only one; zeros count among themselves and add nothing)."""
+    bits = int(round(-math.log2(u)))  # significand bits: float16 11, bfloat16 8
+    significand = np.rint(np.frexp(np.abs(x))[0] * 2.0**bits).astype(np.int64)  # 2^(bits-1) .. 2^bits - 1, or 0
+    kinds = 2 ** (bits - 1) + 1
+    ids = np.where(significand > 0, significand - 2 ** (bits - 1) + 1, 0)
+    rows = int(np.prod(x.shape[:-1]))
+    keys = ids.reshape(rows, -1) + (np.arange(rows) * kinds)[:, None]
+    return np.bincount(keys.ravel(), minlength=rows * kinds)[keys].reshape(x.shape).astype(np.float64)
+
+
 def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_acc=None, **variants):
     """Allowed error per output element (B, Hq, Lq, Dv) of a 16-bit sdpa (spec/tolerances.yaml, sixteen_bit).
 
@@ -325,9 +338,12 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     keys_delta = c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
     if dq is None:
         # An operand rounded to the dtype before the product (q * scale first, as BART, Whisper and Flax do): each
-        # element off by u |scale q_id|, their effects on the score a random walk over d. Where q's own error is
-        # given (dq: a projection's or a quantization's rounding), the dq term below already counts it.
-        keys_delta = keys_delta + c["c_operand"] * u * abs(scale_value) * np.sqrt((q * q) @ (kt * kt))
+        # element off by u |scale q_id|, their effects on the score a random walk over d, except that entries
+        # sharing a significand round alike and add linearly (operand_group_sizes: the walk over their groups,
+        # each group's sum bounded by Cauchy-Schwarz). Where q's own error is given (dq: a projection's or a
+        # quantization's rounding), the dq term below already counts it.
+        walk = ((q * q) * operand_group_sizes(q, u)) @ (kt * kt)
+        keys_delta = keys_delta + c["c_operand"] * u * abs(scale_value) * np.sqrt(walk)
     keys_delta = keys_delta + _variant_score_error(q, k, scale_value, u, sixteen_bit=True, **variants)
     if dq is not None:
         keys_delta = keys_delta + abs(scale_value) * np.sqrt((dq * dq) @ (kt * kt)
