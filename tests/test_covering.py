@@ -225,6 +225,7 @@ def test_the_variant_kernel_corners_reach_a_second_query_block_and_split_kv_deco
     whose region holds only kernel shapes gets the longer lengths at no further compile."""
     corners = properties.covering_corners(implementation, region, "brief", properties.UNLESS_COMPILED)
     assert any(hints["lengths"][0] > 128 for hints in corners)
+    assert all(hints["Dk"] <= covering.PAST_QUERY_BLOCK_MAX_DK for hints in corners)
     if not implementation.compiled:
         pairs = {hints["lengths"] for hints in corners}
         assert any(lq > 128 and lq > lk for lq, lk in pairs) and any(lq > 128 and lq == lk for lq, lk in pairs)
