@@ -10,8 +10,4 @@ EXPECTED_CLAUSES = frozenset({"sdpa.alibi"})
 DTYPES = tiled.DTYPES
 
 
-def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-         query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None):
-    return tiled.tiled(q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                       query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
-                       alibi_rows=lambda first, last, offset: offset + np.arange(last + 1 - first))  # BUG
+sdpa = tiled.with_hooks(alibi_rows=lambda first, last, offset: offset + np.arange(last + 1 - first))  # BUG

@@ -12,8 +12,4 @@ EXPECTED_CLAUSES = frozenset({"causal.top-left", "mask.bool-true-attends", "mask
 DTYPES = tiled.DTYPES
 
 
-def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-         query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None):
-    return tiled.tiled(q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                       query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
-                       interior_bias=np.zeros_like)  # BUG: the interior fast path drops the mask
+sdpa = tiled.with_hooks(interior_bias=np.zeros_like)  # BUG: the interior fast path drops the mask

@@ -9,8 +9,8 @@ SPLIT_KEYS keys runs split-KV: partial (max, sum, accumulator) per split of SPLI
 maxima, then the sink. Working precision float32 (float64 for float64 inputs).
 
 ``tiled`` is the body; its hooks are what tiled kernels get wrong past their first block, and the broken members
-``broken_tiled_*`` call it with one hook changed (the bugs of the stop-37 hunt that no corner reached: each needs
-a query past row 128 or a cache past 128 keys).
+``broken_tiled_*`` are ``with_hooks`` with one hook changed (the bugs of the stop-37 hunt that no corner reached:
+each needs a query past row 128 or a cache past 128 keys).
 """
 from __future__ import annotations
 
@@ -44,11 +44,19 @@ def _interior_keeps_mask(bias_block: np.ndarray) -> np.ndarray:
     return bias_block
 
 
-def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
-         query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None):
-    # query_lengths only marks padding rows, which the contract leaves unspecified: every row is computed.
-    return tiled(q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                 query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink)
+def with_hooks(**hooks):
+    """The contract's sdpa over ``tiled`` with these hooks (a broken member's one change)."""
+
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None):
+        # query_lengths only marks padding rows, which the contract leaves unspecified: every row is computed.
+        return tiled(q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                     query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink, **hooks)
+
+    return sdpa
+
+
+sdpa = with_hooks()
 
 
 def tiled(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
