@@ -188,9 +188,13 @@ class Attribution:
         if case.op == "sdpa_paged":
             if min(case.inputs["q"].shape[1:3]) < 2:
                 return None  # one head or one query: q reads the same in either layout
-        elif case.op != "sdpa" or min(case.inputs["k"].shape[1:3]) < 2:
-            # One key, or one kv head (the other layout reads its keys as heads of one key each): every weight is 1
-            # there, and a bug of the keys' blocks vanishes (a key-length bug was filed under contract.layout).
+        elif case.op != "sdpa" or case.inputs["k"].shape[2] < 2:
+            return None  # one key: every weight is 1 in either layout, the probe could not tell them apart
+        elif oracle.fully_masked_rows(case.inputs["q"], case.inputs["k"], case.inputs.get("mask"),
+                                      case.inputs.get("is_causal", False),
+                                      **oracle.variant_options(case.inputs)).all():
+            # No row attends a key: the output is the same in either layout (a tiled kernel's key-length bug that
+            # attended keys of key_lengths [0] in its first blocks was filed under contract.layout).
             return None
         declared = self.impl.layout
         other = next(layout for layout in LAYOUTS if layout != declared)
