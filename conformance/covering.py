@@ -36,15 +36,17 @@ from hypothesis.strategies._internal.strategies import (FilteredStrategy, OneOfS
 from attention_conformance.implementations._region import Region, causal_lengths_ok, scale_ok
 
 # The structural corners, most telling first (a property that admits fewer of them runs fewer cases).
-# lengths: "q>k" (more queries than keys: a causal key loop that runs past the last key block), "q<k",
-# "q=k" at one past a block, "decode" (Lq 1 against a long cache), "edge-1"/"edge" (one short of, at a block).
-# kv: "grouped" (1 < Hkv < Hq), "one" (Hkv = 1, Hq > 1), "full" (Hkv = Hq). dk: the region's smallest or
-# largest head dim. scale: None (the default 1/sqrt(Dk)), or an explicit value. mask_kind: the corner's mask
-# where the property draws that kind, else ``mask``: the i-th kind the property draws. One kind per corner
-# across properties: a compiling implementation then meets the same input signatures in every property and
-# compiles each once (jax_numpy's forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a
-# block of 64) also for an implementation that takes the small shapes, whose other corners are small. long_cache:
-# the decode property's case of this corner has a cache past 4096 keys (strategies.DECODE_CACHE_LENGTHS).
+# lengths: "q>k" (more queries than keys: a causal key loop that runs past the last key block), "q<k", "q=k" at one
+# past a block, "decode" (Lq 1 against a long cache), "edge-1"/"edge" (one short of, at a block). kv: "grouped" (1 <
+# Hkv < Hq), "one" (Hkv = 1, Hq > 1), "full" (Hkv = Hq), "single" (one head). dk: the region's smallest or largest
+# head dim. scale: None (the default 1/sqrt(Dk)), or an explicit value. mask_kind: the corner's mask where the
+# property draws that kind, else ``mask``: the i-th kind the property draws. One kind per corner across properties: a
+# compiling implementation then meets the same input signatures in every property and compiles each once (jax_numpy's
+# forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a block of 64) also for an implementation
+# that takes the small shapes, whose other corners are small. long_cache: the decode property's case of this corner
+# has a cache past 4096 keys (strategies.DECODE_CACHE_LENGTHS). "long-q": a long query (past LONG_QUERY_ROWS - 1 rows)
+# against few keys, cheap (few scores a row): a kernel that ran its queries in chunks of 256 and built each chunk's
+# causal band from chunk-local rows passed two default runs.
 CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True, mask_kind="none"),
     dict(is_causal=True, lengths="q<k", kv="one", dk="min", scale=-1.0, mask_kind="none"),
@@ -59,6 +61,7 @@ CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="decode", kv="grouped", dk="min", scale=None, mask=5, magnitude="large", mask_kind="bool-query-keys"),
     dict(is_causal=False, lengths="q>k", kv="full", dk="min", scale=-1.0, mask=6, dv="other", mask_kind="bool-3d-per-head"),
     dict(is_causal=True, lengths="q>k", kv="one", dk="max", scale=None, mask=7, mask_kind="bool-2d"),
+    dict(is_causal=True, lengths="long-q", kv="single", dk="min", scale=None, kernel=True, mask_kind="none"),
 )
 # A corner case may hold up to this many scores (B * Hq * Lq * Lk): four times a random kernel-shaped
 # case's budget, so that a region whose lengths are multiples of 128 still gets Lq > Lk with grouped heads.
@@ -208,6 +211,8 @@ def _block(region: Region) -> int:
 # The query block of GPU attention kernels (FlashAttention-2 and Triton's tutorial tile queries by 128 rows): bugs of
 # a kernel's second query block need a query past it.
 QUERY_BLOCK_ROWS = 128
+# The "long-q" corner's lengths: queries past memory-efficient attention's chunks of 1024 rows, against 17 keys.
+LONG_QUERY_ROWS, LONG_QUERY_KEYS = 1025, 17
 PAST_QUERY_BLOCK_MAX_DK = 64  # the largest head dim of those corners
 
 
@@ -235,6 +240,11 @@ def _length_pair(relation: str, region: Region, small: bool, past_query_block: b
         return past_block[0], past_block[0]
     if relation == "decode":
         return members[0], members[-1]
+    if relation == "long-q":
+        lengths = region.lengths
+        top = lengths.members((LONG_QUERY_ROWS, LONG_QUERY_ROWS - 1, 2 * LONG_QUERY_ROWS - 2)) or members[-1:]
+        few = lengths.members((LONG_QUERY_KEYS, LONG_QUERY_KEYS - 1, 2 * LONG_QUERY_KEYS - 2, 64, 128)) or members[:1]
+        return top[0], min(few[0], top[0])
     wanted = block - 1 if relation == "edge-1" else block
     n = min(members, key=lambda m: (abs(m - wanted), m))
     return n, n
@@ -244,6 +254,8 @@ def _kv_heads(kv: str, region: Region, small: bool) -> tuple[int, int]:
     """(Hkv, Hq / Hkv) for a kv layout inside the region's GQA declaration (small cases: groups up to 3)."""
     largest = 3 if small else 4
     largest = largest if region.max_group is None else max(1, min(largest, region.max_group))
+    if kv == "single":
+        return 1, 1
     if not region.gqa or largest == 1:
         return (2, 1) if kv == "full" else (1, 1)
     return {"grouped": (2, 2), "one": (1, largest), "full": (2, 1)}[kv]

@@ -230,8 +230,22 @@ def test_the_variant_kernel_corners_reach_a_second_query_block_and_split_kv_deco
         pairs = {hints["lengths"] for hints in corners}
         assert any(lq > 128 and lq > lk for lq, lk in pairs) and any(lq > 128 and lq == lk for lq, lk in pairs)
         assert any(lq == 1 and lk > 128 for lq, lk in pairs)
-    # The other properties keep their queries within a block of 64 and one row past it.
-    assert all(h["lengths"][0] <= 65 for h in properties.covering_corners(implementation, region, "full"))
+    # The other properties keep their queries within a block of 64 and one row past it (but the long-query corner).
+    assert all(h["lengths"][0] <= 65 for h in properties.covering_corners(implementation, region, "full")
+               if covering.CORNERS[h["index"]]["lengths"] != "long-q")
+
+
+@pytest.mark.parametrize("name", list(REGIONS))
+def test_a_corner_runs_a_long_query_against_few_keys(name):
+    """A kernel that ran queries in chunks of 256 rows and built each chunk's causal band from chunk-local rows passed
+    two default runs: the last corner is causal, Lq past 1024 (or the region's longest) against a few keys."""
+    region = REGIONS[name]
+    hints = [h for h in covering.covering_hints(region, region.takes_small_shapes())
+             if covering.CORNERS[h["index"]]["lengths"] == "long-q"]
+    assert len(hints) == 1 and hints[0]["is_causal"]
+    lq, lk = hints[0]["lengths"]
+    assert lq >= min(covering.LONG_QUERY_ROWS - 1, region.lengths.max or lq) and 2 <= lk < lq
+    assert hints[0]["Hkv"] * hints[0]["group"] * lq * lk <= covering.COVERING_SCORE_BUDGET
 
 
 def test_a_covering_corners_learnable_sink_changes_its_rows():
