@@ -46,7 +46,8 @@ from attention_conformance.implementations._region import Region, causal_lengths
 # that takes the small shapes, whose other corners are small. long_cache: the decode property's case of this corner
 # has a cache past 4096 keys (strategies.DECODE_CACHE_LENGTHS). "long-q": a long query (past LONG_QUERY_ROWS - 1 rows)
 # against few keys, cheap (few scores a row): a kernel that ran its queries in chunks of 256 and built each chunk's
-# causal band from chunk-local rows passed two default runs.
+# causal band from chunk-local rows passed two default runs. causal_only: a property that holds is_causal off skips
+# the corner (strategies.sdpa_cases).
 CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True, mask_kind="none"),
     dict(is_causal=True, lengths="q<k", kv="one", dk="min", scale=-1.0, mask_kind="none"),
@@ -61,7 +62,8 @@ CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="decode", kv="grouped", dk="min", scale=None, mask=5, magnitude="large", mask_kind="bool-query-keys"),
     dict(is_causal=False, lengths="q>k", kv="full", dk="min", scale=-1.0, mask=6, dv="other", mask_kind="bool-3d-per-head"),
     dict(is_causal=True, lengths="q>k", kv="one", dk="max", scale=None, mask=7, mask_kind="bool-2d"),
-    dict(is_causal=True, lengths="long-q", kv="single", dk="min", scale=None, kernel=True, mask_kind="none"),
+    dict(is_causal=True, lengths="long-q", kv="single", dk="min", scale=None, kernel=True, mask_kind="none",
+         causal_only=True),
 )
 # A corner case may hold up to this many scores (B * Hq * Lq * Lk): four times a random kernel-shaped
 # case's budget, so that a region whose lengths are multiples of 128 still gets Lq > Lk with grouped heads.
@@ -295,6 +297,7 @@ def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_
         "scale": corner["scale"] if scale_ok(region.scale, corner["scale"]) else None,
         "mask_kind": corner.get("mask_kind"),
         "magnitude": corner.get("magnitude", "unit"), "long_cache": corner.get("long_cache", False),
+        "causal_only": corner.get("causal_only", False),
     }
 
 

@@ -411,6 +411,8 @@ def sdpa_cases(
     is_causal = wanted if admits(causal, wanted) and (region.causal or not wanted) else draw(causal, label="is_causal")
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
+    if hint("causal_only") and not is_causal:
+        raise CannotBuild("a corner about the causal band, in a property that holds is_causal off")
     same_lengths = same_lengths or _equal_lengths(region, is_causal)
     if same_lengths and query_mode == "decode":
         _outside_region("a decode case (Lq < Lk) where the region takes Lq == Lk only")

@@ -45,7 +45,8 @@ def facts(case):
 def test_every_corner_lies_inside_the_region(name):
     region = REGIONS[name]
     cases = corner_cases(region, sdpa_cases(allow_empty_rows=True))
-    assert len(cases) == len(covering.CORNERS)
+    causal_only = sum(corner.get("causal_only", False) for corner in covering.CORNERS)
+    assert len(cases) == len(covering.CORNERS) - (0 if region.causal else causal_only)
     for case in cases:
         assert region.why_outside(facts(case)) is None, case.label
         f = facts(case)
@@ -233,6 +234,11 @@ def test_the_variant_kernel_corners_reach_a_second_query_block_and_split_kv_deco
     # The other properties keep their queries within a block of 64 and one row past it (but the long-query corner).
     assert all(h["lengths"][0] <= 65 for h in properties.covering_corners(implementation, region, "full")
                if covering.CORNERS[h["index"]]["lengths"] != "long-q")
+
+
+def test_a_property_that_holds_is_causal_off_skips_the_long_query_corner():
+    cases = corner_cases(EVERYTHING, sdpa_cases(causal=st.just(False)))
+    assert cases and not any(c.inputs["q"].shape[2] > 129 for c in cases)
 
 
 @pytest.mark.parametrize("name", list(REGIONS))
