@@ -171,13 +171,18 @@ def _names_distribution(args) -> bool:
     return any(arg in ("--dist", "-d", "--tx") or arg.startswith(("--dist=", "--tx=")) for arg in args)
 
 
+def _xdist_loaded(pluginmanager) -> bool:
+    # "xdist" through its entry point, "xdist.plugin" through `-p xdist.plugin` (plugin autoload off)
+    return pluginmanager.hasplugin("xdist") or pluginmanager.hasplugin("xdist.plugin")
+
+
 def pytest_load_initial_conftests(early_config, parser, args):
     """`-n auto --dist worksteal` by default (README, "Speed"), each part unless the command line names it,
     when pytest-xdist is loaded. Called for plugins loaded by entry point (any install, editable included);
-    a checkout that is only on PYTHONPATH runs in one process unless -n is given. `-n 0` or `-p no:xdist`:
+    a checkout that is only on PYTHONPATH gets them from pytest_cmdline_main below. `-n 0` or `-p no:xdist`:
     one process; `--pdb` makes xdist's `-n auto` one process too.
     """
-    if not early_config.pluginmanager.hasplugin("xdist"):
+    if not _xdist_loaded(early_config.pluginmanager):
         return
     known = early_config.known_args_namespace
     if not targets_suite(known.file_or_dir or [], bool(getattr(known, "pyargs", False)),
@@ -187,6 +192,24 @@ def pytest_load_initial_conftests(early_config, parser, args):
     defaults = [] if _names_workers(args) else ["-n", "auto"]
     defaults += [] if _names_distribution(args) else ["--dist", "worksteal"]
     args[:] = [*defaults, *args]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The same defaults for a checkout used through PYTHONPATH alone: conftest.py registers this module while
+    pytest_load_initial_conftests runs, too late to add arguments, so they are set on the parsed options here,
+    before xdist's own pytest_cmdline_main (tryfirst too, registered earlier, so called after this) turns
+    ``numprocesses`` into workers. The GPU run of 2026-11-27 (`python -m pytest --device cuda` in a checkout on
+    16 cores) ran in one process: 47 % of its items in 400 s."""
+    if not _xdist_loaded(config.pluginmanager) or config.getoption("numprocesses", None) is not None \
+            or hasattr(config, "workerinput"):  # a worker's numprocesses is None: it must not start workers of its own
+        return
+    args = config.invocation_params.args
+    if _names_workers(args) or not engaged(config) or config.getoption("usepdb", False):
+        return
+    config.option.numprocesses = "auto"
+    if not _names_distribution(args) and config.option.dist == "no":
+        config.option.dist = "worksteal"
 
 
 # ------------------------------------------------------------- hooks

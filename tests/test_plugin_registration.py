@@ -43,6 +43,19 @@ def test_without_the_entry_point_conftest_registers_it():
     assert "examples_my_attention" in done.stdout and "workers" not in done.stdout
 
 
+def test_a_checkout_without_the_entry_point_defaults_to_xdist_workers_too():
+    """conftest.py registers the plugin too late to add `-n auto` to the arguments; it sets the parsed options instead
+    (a GPU run in a checkout had run in one process). `-n 0` still means one process."""
+    common = ("-m", "pytest", "conformance/test_fixtures.py", "--impl", "examples.my_attention", "-v",
+              "-p", "no:cacheprovider", "-p", "_hypothesis_pytestplugin", "-p", "xdist.plugin")
+    default = run(*common, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    assert default.returncode == 0, default.stdout[-3000:] + default.stderr[-2000:]
+    assert "[gw0]" in default.stdout
+    one = run(*common, "-n", "0", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-2000:]
+    assert "[gw0]" not in one.stdout and "passed" in one.stdout
+
+
 def test_xdist_can_be_left_out():
     """`-n auto` is the plugin's default, not an addopts entry: `-p no:xdist` runs in one process."""
     done = run("-m", "pytest", "conformance/test_fixtures.py", "--impl", "examples.my_attention", "-q",
