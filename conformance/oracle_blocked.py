@@ -207,13 +207,13 @@ class _AllowedContext:
 
 def _allowed_context(p: _Problem, dtype: str, tf32: bool = False, policy: str = "zeros") -> _AllowedContext:
     abs_v = np.abs(p.v)
+    u, u_in = tolerances.unit_roundoff(dtype), tolerances.tf32_unit_roundoff() if tf32 else 0.0
     return _AllowedContext(
-        u=tolerances.unit_roundoff(dtype),
-        u_in=tolerances.tf32_unit_roundoff() if tf32 else 0.0,
+        u=u,
+        u_in=u_in,
         abs_k_t=np.swapaxes(np.abs(p.k), -1, -2),
         v_row_max=_per_query_head(np.max(abs_v, axis=-1)[..., None, :], p.query_heads),
-        uniform=tolerances.uniform_row_bound(tolerances.unit_roundoff(dtype), p.v, p.query_heads)
-        if policy == "uniform" else None,
+        uniform=tolerances.uniform_row_bound(u, p.v, p.query_heads, u_in) if policy == "uniform" else None,
     )
 
 

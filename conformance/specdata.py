@@ -390,12 +390,12 @@ def oracle_disagreement(fx: Fixture, got: np.ndarray | None = None) -> str | Non
     return None
 
 
-def within_printed(fx: Fixture, got: np.ndarray) -> np.ndarray:
-    """Elementwise: ``got`` reproduces the fixture's printed values within its atol + rtol (the same NaN or
-    infinity counts), or the element is not compared (judged_elements)."""
+def within_printed(fx: Fixture, got: np.ndarray, slack=0.0) -> np.ndarray:
+    """Elementwise: ``got`` reproduces the fixture's printed values within its atol + rtol, plus ``slack`` (the same
+    NaN or infinity counts), or the element is not compared (judged_elements)."""
     same_special = (np.isnan(got) & np.isnan(fx.expected)) | (np.isinf(got) & (got == fx.expected))
     with np.errstate(invalid="ignore"):
-        within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected))
+        within = same_special | (np.abs(got - fx.expected) <= fx.atol + fx.rtol * np.abs(fx.expected) + slack)
     return within | ~judged_elements(fx, got.shape)
 
 

@@ -70,13 +70,16 @@ def sdpa_row_bound(u: float, v_max, weighted_score_error, growth):
     return u * v_max * _output_growth(growth) + _constants("sdpa")["c_score"] * 2 * v_max * weighted_score_error
 
 
-def uniform_row_bound(u: float, v, hq: int):
+def uniform_row_bound(u: float, v, hq: int, u_in: float = 0.0):
     """The allowed error of a fully masked row under the 'uniform' policy, the mean of v (B, Hkv, Lk, Dv) over all
-    keys, for each of the hq query heads: (B, hq, 1, Dv), the growth Lk where a feature's summands coincide."""
+    keys, for each of the hq query heads: (B, hq, 1, Dv), the growth Lk where a feature's summands coincide. ``u_in``
+    (TF32, where declared): the weights 1/Lk and v rounded before P @ V, c_in 2 u_in max|v| (spec/tolerances.yaml,
+    tf32), as for a row with keys."""
     v = np.asarray(v, dtype=np.float64)
     v_abs_max = oracle.repeat_kv_heads(np.max(np.abs(v), axis=(-2, -1), keepdims=True), hq)
     weights = np.ones((v.shape[0], hq, 1, v.shape[-2]))
-    return u * v_abs_max * _output_growth(accumulation_growth(weights, v, v.shape[-2], u))
+    return (u * v_abs_max * _output_growth(accumulation_growth(weights, v, v.shape[-2], u))
+            + tf32_input_constant() * 2 * u_in * v_abs_max)
 
 
 def coinciding_spread() -> float:
@@ -436,7 +439,7 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
     empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
     if policy == "uniform" and variants.get("learnable_sink") is None and empty.any():
         # a fully masked row is the mean of v: the first-order model's bound for it
-        return np.where(empty, uniform_row_bound(u, v, np.shape(q)[1]), allowed)
+        return np.where(empty, uniform_row_bound(u, v, np.shape(q)[1], _tf32_input_rounding(tf32)), allowed)
     return np.where(empty, 0.0, allowed)
 
 
