@@ -662,6 +662,16 @@ CUDA_CUDNN_FULLY_MASKED_ROWS = {
     "against zeros) for a row whose boolean mask attends no key (also inside multi-head attention)",
 }
 CUDA_16BIT_KERNEL_DEVIATIONS = (CUDA_NAN_NONPOSITIVE_SCALE, CUDA_CUDNN_FULLY_MASKED_ROWS)
+# benchmarks/cudnn_backward_probe.py replayed the failing cases of the suite's first GPU run of torch_sdpa_cudnn.
+CUDA_CUDNN_MASKED_BACKWARD_NAN = {
+    "clause": "grad.sdpa-q",
+    "when": lambda facts: _cuda_16bit(facts) and facts["mask_kind"] != "none",
+    "reason": "H200, torch 2.11+cu130: cuDNN attention's backward returns NaN for a whole row of dq (the analytic "
+    "gradient finite, 0 or -3.7e-98) where a mask (the causal band folded in) leaves the row's softmax one-hot to "
+    "float32 precision: one attended key, or the others 1e-98 and less below it (an explicit scale of 2.5, or large "
+    "scores); failed in both GPU runs; in isolation 3 of 3 calls, with enable_gqa or repeated kv heads, the mask "
+    "boolean or a float -inf bias alike; 0 of 80 random unit-score cases. dk and dv of those rows not measured",
+}
 
 
 class TorchSDPA:
@@ -796,6 +806,7 @@ class TorchCuDNNAttention(_TorchSDPAKernel):
     DTYPES = ("float16", "bfloat16")
     BACKEND = "CUDNN_ATTENTION"
     SUPPORTS = {"head_dims": {"min": 8, "max": 256, "multiple": 8}, "value_head_dim": "same"}
+    KNOWN_DEVIATIONS = TorchSDPA.KNOWN_DEVIATIONS + (CUDA_CUDNN_MASKED_BACKWARD_NAN,)
 
 
 class TorchFlexAttention:
@@ -815,6 +826,19 @@ class TorchFlexAttention:
     COMPILED = True
     SUPPORTS = {"head_dims": {"min": 16, "max": 256}}
     ALWAYS_LSE = False  # ask flex for the log-sum-exp only where a learnable sink needs it
+    # H200, torch 2.11+cu130, 16 workers on 16 cores (2026-11-27): compiling the float32 kernel at Dk 256 (Lq = Lk =
+    # 65) and at Dk 192 (Lq 1, Lk 256) was still in Triton's make_llir after 85 s and 120 s; every float16 and
+    # bfloat16 compile, and float32 up to Dk 128, returned.
+    FLOAT32_MAX_HEAD_DIM = 128
+
+    @classmethod
+    def supports(cls, facts):
+        # On cuda only: the eager CPU subclass compiles no Triton kernel.
+        if facts.get("device") == "cuda" and facts.get("dtype") == "float32" \
+                and max(facts["Dk"], facts["Dv"]) > cls.FLOAT32_MAX_HEAD_DIM:
+            return (f"float32 at head dims above {cls.FLOAT32_MAX_HEAD_DIM}: its Triton compile ran past 120 s on an "
+                    "H200 (torch 2.11)")
+        return None
     _compiled = None
 
     @classmethod
@@ -1220,19 +1244,25 @@ def _bounded_window(window, lq: int, lk: int):
     return None if window is None else tuple(lq + lk if side is None else int(side) for side in window)
 
 
-@contextlib.contextmanager
-def _xla_gpu_dot_refusal_unsupported():
-    """XLA:GPU's refusal of a dot algorithm becomes NotImplementedError (unsupported, reported with its reason).
+# Errors by which a GPU compiler refuses a program (a refusal to compile, not a wrong result), measured:
+# XLA:GPU refuses the F16_F16_F32 dot that jax.nn.dot_product_attention asks for in some float16 shapes (H100, jax
+# 0.11.2: forward at Lq = Lk = 1, every head dim; H200, the same jax: the backward at Lq 3, Lk 7, Dk 1); other float16
+# shapes run.
+XLA_GPU_DOT_REFUSAL = "Unsupported dot precision algorithm"
+# Triton refuses a Pallas kernel whose tiles need more shared memory than the GPU has (H200, jax 0.11.2, Pallas flash
+# in float32 at Dk 128 with more than one key block: 262144 bytes asked, 232448 available).
+TRITON_SHARED_MEMORY_REFUSAL = "Shared memory size limit exceeded"
 
-    H100, jax 0.11.2: XLA:GPU refuses the F16_F16_F32 dot that jax.nn.dot_product_attention asks
-    for when Lq = Lk = 1 ("Unsupported dot precision algorithm: 4", every head dim); other float16
-    shapes run. It is a refusal to compile, not a wrong result.
-    """
+
+@contextlib.contextmanager
+def _refusal_unsupported(sign: str, compiler: str):
+    """An error whose text holds ``sign`` (a compiler's refusal) becomes NotImplementedError: the case is
+    unsupported and reported with the compiler's reason, as torch's "No available kernel" is."""
     try:
         yield
     except Exception as exc:  # jax.errors.JaxRuntimeError
-        if "Unsupported dot precision algorithm" in str(exc):
-            raise NotImplementedError(f"XLA:GPU: {str(exc).splitlines()[0]}") from None
+        if sign in str(exc):
+            raise NotImplementedError(f"{compiler}: {str(exc).splitlines()[0]}") from None
         raise
 
 
@@ -1296,7 +1326,7 @@ class JaxDotProductAttention:
         # static), the mask and the variants' arrays traced.
         static = ("is_causal", "window") if variants else ("is_causal",)
         options = dict(variants, is_causal=is_causal, scale=None if scale is None else np.float64(scale))
-        with _xla_gpu_dot_refusal_unsupported():
+        with _refusal_unsupported(XLA_GPU_DOT_REFUSAL, "XLA:GPU"):
             if _differentiated_eagerly(q, k, v, mask) and not _traced(alibi_slopes, query_lengths, key_lengths):
                 return JaxDotProductAttention._sdpa_vjp(q, k, v, mask, static, options)
             return _jitted(JaxDotProductAttention._sdpa, *static)(q, k, v, mask, **options)
@@ -1322,8 +1352,9 @@ class JaxDotProductAttention:
 
         def backward_rule(saved, d_out):
             q, k, v, bias = saved
-            return tuple(backward(q, k, v, boolean if bias is None else bias, d_out, **options)) + (
-                (None,) if bias is None else ())
+            with _refusal_unsupported(XLA_GPU_DOT_REFUSAL, "XLA:GPU"):  # the backward compiles when it is called
+                return tuple(backward(q, k, v, boolean if bias is None else bias, d_out, **options)) + (
+                    (None,) if bias is None else ())
 
         attend.defvjp(forward_rule, backward_rule)
         return attend(q, k, v, None if boolean is not None else mask)
@@ -1380,7 +1411,7 @@ class JaxDotProductAttention:
                              alibi_slopes=None, query_lengths=None, key_lengths=None):
         # The variants its sdpa takes, converted as there (an unbounded window side beyond every distance).
         window = _bounded_window(window, query.shape[1], key.shape[1])
-        with _xla_gpu_dot_refusal_unsupported():
+        with _refusal_unsupported(XLA_GPU_DOT_REFUSAL, "XLA:GPU"):
             return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal,
                             **_used(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
                                     key_lengths=key_lengths))
@@ -1806,6 +1837,15 @@ class JaxPallasFlashAttention:
     query heads (given fewer, its output is silently wrong, errors 0.9), so the adapter
     repeats kv heads for GQA; its causal path fails under jax_enable_x64 (int32/int64
     in lax.div), so the adapter traces it with x64 off.
+
+    Measured on an H200 (jax 0.11.2, 2026-11-27), with kernel-shaped cases: float32 runs its
+    dots in TF32 (errors 1.1e-4 to 1.5e-4, 1.4x to 2.3x the float32 allowance, at Dk 64 and 128;
+    Pallas's Triton lowering gives a dot of no precision TF32 inputs), declared; the causal key
+    loop runs to the query block's diagonal, past the last key when Lq > Lk (Lq 256, Lk 128:
+    1.6e8 in bfloat16, 0.15 off in float16), so causal cases need Lq <= Lk; float32 at Dk 128
+    with more than one key block asks Triton for more shared memory than the GPU has (a
+    refusal: unsupported); the fused backward refuses lengths split into different numbers of
+    blocks (unsupported).
     """
 
     NAME = "jax_pallas_flash"
@@ -1813,12 +1853,20 @@ class JaxPallasFlashAttention:
     DEVICES = ("cuda",)
     DTYPES = {"cuda": ("float32", "float16", "bfloat16")}
     SUPPORTS = {"head_dims": [16, 32, 64, 128], "value_head_dim": "same", "lengths": {"multiple": 128, "max": 2048},
-                "masks": ["none"]}
+                "masks": ["none"], "causal": "lq<=lk"}
+    FLOAT32_MATMUL = {"cuda": "tf32"}
+    BACKWARD_BLOCK = 32  # BlockSizes.get_default()'s block_q_dq and block_kv_dkv, the fused backward's blocks
 
     @staticmethod
     def sdpa(q, k, v, is_causal=False, scale=None):
+        lq, lk = q.shape[2], k.shape[2]
+        block = JaxPallasFlashAttention.BACKWARD_BLOCK
+        if _differentiated_eagerly(q, k, v) and lq // min(block, lq) != lk // min(block, lk):
+            # mha's own check, made before the forward runs: it raises ValueError when the pullback is traced.
+            raise NotImplementedError("Pallas flash's fused backward: q_seq_len and kv_seq_len must be divided "
+                                      f"into the same number of blocks (Lq {lq}, Lk {lk}, blocks of {block})")
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        with _x64_off():
+        with _x64_off(), _refusal_unsupported(TRITON_SHARED_MEMORY_REFUSAL, "Triton"):
             # The scale is static: mha passes it to a custom_vjp as a non-differentiable argument.
             return _jitted(JaxPallasFlashAttention._sdpa, "is_causal", "scale")(q, k, v, is_causal=is_causal,
                                                                                 scale=scale)

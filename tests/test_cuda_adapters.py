@@ -87,3 +87,71 @@ def test_pallas_adapter_repeats_kv_heads_and_traces_causal_without_x64(monkeypat
         got = JaxPallasFlashAttention.sdpa(q, k, v, is_causal=is_causal, scale=scale)
     assert_within_float32_allowance(np.asarray(got), q, k, v, None, is_causal, scale)
 
+
+
+def _pallas_in_interpret_mode(monkeypatch):
+    pytest.importorskip("jax")
+    try:
+        from jax.experimental.pallas.ops.gpu import attention
+    except Exception as exc:  # noqa: BLE001 -- this JAX ships no Pallas GPU ops
+        pytest.skip(f"jax.experimental.pallas.ops.gpu.attention is not importable: {exc}")
+    monkeypatch.setattr(attention, "mha", functools.partial(attention.mha, interpret=True))
+
+
+def test_pallas_backward_refusal_of_unequal_block_counts_is_unsupported(monkeypatch):
+    """H200, jax 0.11.2: Pallas flash's fused backward raised ValueError ("q_seq_len and kv_seq_len must be divided
+    into the same number of blocks") for Lq 128, Lk 384, failing six gradient cases; a refusal is unsupported."""
+    _pallas_in_interpret_mode(monkeypatch)
+    import jax
+
+    from attention_conformance.implementations.builtin import JaxPallasFlashAttention
+
+    q, k, v, _ = make_case(1, 1, 1, 128, 256, 16, 16)
+    with pytest.raises(NotImplementedError, match="same number of blocks"):
+        jax.vjp(lambda q, k, v: JaxPallasFlashAttention.sdpa(q, k, v, is_causal=True), q, k, v)
+    # The forward alone, at the same lengths, runs (the refusal is the backward's).
+    got = JaxPallasFlashAttention.sdpa(q, k, v, is_causal=True)
+    assert_within_float32_allowance(np.asarray(got), q, k, v, None, True, None)
+
+
+def test_pallas_declares_its_causal_lengths_tf32_and_turns_a_shared_memory_refusal_into_unsupported(monkeypatch):
+    """The causal key loop runs to the diagonal of the query block, past the last key where Lq > Lk (on an H200 it
+    read garbage there; interpret mode's out-of-bounds reads differ, so only the GPU shows it): outside the declared
+    region, never drawn. Its float32 dots are TF32 on a GPU: declared. Triton's shared-memory refusal is a
+    NotImplementedError."""
+    _pallas_in_interpret_mode(monkeypatch)
+    from attention_conformance.implementations import builtin, load_implementation
+    from attention_conformance.implementations._region import shape_facts
+    from attention_conformance.implementations.builtin import JaxPallasFlashAttention
+
+    impl = load_implementation("builtin:jax_pallas_flash")
+    q, k, v, _ = make_case(1, 2, 2, 256, 128, 16, 16)
+    def outside(**kwargs):  # the region's verdict (this machine has no cuda device to run it on)
+        return impl.region.why_outside({**shape_facts("sdpa", {"q": q, "k": k, "v": v, **kwargs}), "dtype": "float16",
+                                        "device": "cuda"})
+
+    assert "causal" in (outside(is_causal=True) or "")
+    assert outside() is None
+    assert impl.tf32_on("cuda") and not impl.tf32_on("cpu")
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested 262144, available: "
+                           "232448, context: []")
+
+    monkeypatch.setattr(builtin, "_jitted", lambda fn, *static: refused)
+    with pytest.raises(NotImplementedError, match="Triton: RESOURCE_EXHAUSTED: Shared memory size limit exceeded"):
+        JaxPallasFlashAttention.sdpa(q, k, v)
+
+
+def test_flex_on_cuda_leaves_float32_head_dims_above_128_out_and_its_cpu_twin_keeps_them():
+    """Compiling flex's float32 kernel at Dk 192 and 256 ran past 120 s on an H200 (two tests failed as hangs, 80
+    cases after them failed without a call): outside torch_flex's region in float32 only, and only on cuda."""
+    from attention_conformance.implementations import load_implementation
+
+    facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 65, "Lk": 65, "Dk": 256, "Dv": 256, "mask_kind": "bool",
+             "is_causal": False, "scale": None, "variants": (), "device": "cuda", "dtype": "float32"}
+    flex, flex_cpu = load_implementation("builtin:torch_flex"), load_implementation("builtin:torch_flex_cpu")
+    assert "float32" in (flex.region.why_outside(facts) or "")
+    assert flex.region.why_outside({**facts, "dtype": "bfloat16"}) is None
+    assert flex.region.why_outside({**facts, "Dk": 128, "Dv": 128}) is None
+    assert flex_cpu.region.why_outside({**facts, "device": "cpu"}) is None

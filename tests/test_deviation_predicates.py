@@ -303,3 +303,19 @@ def test_the_jax_built_in_uses_the_ready_made_entry():
 
     assert JaxDotProductAttention.FULLY_MASKED_ROWS == deviations.LARGE_FINITE_NEGATIVE_ROWS
     assert [d["when"] for d in JaxDotProductAttention.KNOWN_DEVIATIONS] == [deviations.float_row_beside_a_removal]
+
+
+def test_the_cudnn_backward_deviation_is_dq_of_masked_16bit_cuda_cases_only():
+    """Declared from the first GPU run's two torch_sdpa_cudnn gradient failures (both with a mask), never wider."""
+    from attention_conformance.implementations.builtin import (CUDA_CUDNN_MASKED_BACKWARD_NAN, TorchCuDNNAttention,
+                                                               TorchSDPA)
+
+    when = CUDA_CUDNN_MASKED_BACKWARD_NAN["when"]
+    facts = {"device": "cuda", "dtype": "bfloat16", "mask_kind": "bool", "scale": None, "is_causal": True}
+    assert when(facts) and when({**facts, "dtype": "float16", "mask_kind": "float"})
+    assert not when({**facts, "mask_kind": "none"}) and not when({**facts, "dtype": "float32"})
+    assert not when({**facts, "device": "cpu"})
+    assert CUDA_CUDNN_MASKED_BACKWARD_NAN["clause"] == "grad.sdpa-q"
+    assert CUDA_CUDNN_MASKED_BACKWARD_NAN in TorchCuDNNAttention.KNOWN_DEVIATIONS
+    assert CUDA_CUDNN_MASKED_BACKWARD_NAN not in TorchSDPA.KNOWN_DEVIATIONS  # its default dispatch passed them
+    load_implementation("builtin:torch_sdpa_cudnn")  # the declaration is well formed

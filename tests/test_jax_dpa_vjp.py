@@ -57,3 +57,18 @@ def test_an_eager_vjp_runs_the_forward_program_and_one_backward(monkeypatch):
     q, k, v = (rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3))
     jax.vjp(lambda q, k, v: JaxDotProductAttention.sdpa(q, k, v), q, k, v)[1](np.ones((1, 2, 3, 4), np.float32))
     assert called.count(JaxDotProductAttention._sdpa) == 1 and called.count(JaxDotProductAttention._sdpa_backward) == 1
+
+
+def test_a_backward_the_gpu_compiler_refuses_is_unsupported_not_failed(monkeypatch):
+    """XLA:GPU refused the float16 backward of jax.nn.dot_product_attention at Lq 3, Lk 7, Dk 1 ("Unsupported dot
+    precision algorithm: 4", H200, jax 0.11.2) after the forward had run: the refusal comes when the pullback compiles,
+    outside the forward's call, and must still be NotImplementedError (the gradient tests then call it unsupported)."""
+    def refused(*args, **kwargs):
+        raise RuntimeError("INVALID_ARGUMENT: Unsupported dot precision algorithm: 4")
+
+    monkeypatch.setattr(JaxDotProductAttention, "_sdpa_backward", staticmethod(refused))
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, 1, 3, 1), (1, 1, 7, 1), (1, 1, 7, 1)))
+    out, pullback = jax.vjp(lambda q, k, v: JaxDotProductAttention.sdpa(q, k, v, is_causal=True), q, k, v)
+    with pytest.raises(NotImplementedError, match="XLA:GPU: INVALID_ARGUMENT: Unsupported dot precision algorithm"):
+        pullback(np.ones(out.shape, np.float32))
