@@ -209,6 +209,28 @@ def test_a_cpu_and_a_cuda_report_are_one_matrix_with_both_devices_never_summed(r
     assert len(merge.merge(["a.json", "b.json"], [runs.whole, labelled])["environments"]) == 2
 
 
+H200_REPORT = ROOT / "docs" / "gpu-runs" / "2026-11-27-h200" / "run2-report.json.gz"
+
+
+def test_a_real_cuda_report_merges_with_a_cpu_one(runs):
+    """The report of the suite's run on an H200 (16 workers, stopped by SIGTERM at 98 % of its items, before this
+    session's mends: docs/gpu-runs/2026-11-27-h200) beside this CPU run: two environments, each device its own cells,
+    the GPU's failures in its cells only, and the merge incomplete as the GPU run was."""
+    gpu = json.loads(gzip.decompress(H200_REPORT.read_bytes()))
+    validate(gpu)
+    merged = merge.merge(["cpu.json", "h200.json"], [runs.whole, gpu])
+    validate(merged)
+    h200 = next(env_id for env_id, env in merged["environments"].items()
+                if env["key"]["accelerators"] == ["NVIDIA H200"])
+    assert len(merged["environments"]) == 2 and "torch 2.11.0" in merged["environments"][h200]["description"]
+    failing = {(cell["environment"], cell["implementation"], cell["device"])
+               for cell in merged["matrix"] if cell["failed"]}
+    assert failing == {(h200, name, "cuda")
+                       for name in ("jax_dpa", "jax_pallas_flash", "torch_flex", "torch_sdpa_cudnn")}
+    assert {cell["device"] for cell in merged["matrix"] if cell["environment"] == h200} == {"cuda"}
+    assert not merged["complete"]
+
+
 def test_merge_refuses_what_cannot_be_one_run(runs, tmp_path):
     one, two = runs.shards
     alone = merge.merge(["s1"], [one])
