@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import warnings
 
 import numpy as np
 
@@ -770,12 +771,19 @@ class _TorchSDPAKernel(TorchSDPA):
     def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        with sdpa_kernel(getattr(SDPBackend, cls.BACKEND)):
+        # torch says why it refused the kernel in UserWarnings, one per check: the refusal's reason is the first
+        # specific one (the H200 run printed 16,251 of them, one pytest warning each, and called every refusal
+        # "No available kernel").
+        with sdpa_kernel(getattr(SDPBackend, cls.BACKEND)), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             try:
                 return TorchSDPA.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
             except RuntimeError as exc:
                 if "No available kernel" in str(exc):
-                    raise NotImplementedError(f"{cls.BACKEND}: {str(exc).splitlines()[0]}") from None
+                    why = [text for text in (str(w.message).split(" (Triggered internally")[0] for w in caught)
+                           if not text.endswith("not used because:") and "runtime disabled" not in text]
+                    raise NotImplementedError(f"{cls.BACKEND}: {why[0] if why else str(exc).splitlines()[0]}") \
+                        from None
                 raise
 
     @classmethod

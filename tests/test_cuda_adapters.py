@@ -155,3 +155,19 @@ def test_flex_on_cuda_leaves_float32_head_dims_above_128_out_and_its_cpu_twin_ke
     assert flex.region.why_outside({**facts, "dtype": "bfloat16"}) is None
     assert flex.region.why_outside({**facts, "Dk": 128, "Dv": 128}) is None
     assert flex_cpu.region.why_outside({**facts, "device": "cpu"}) is None
+
+
+def test_a_pinned_torch_kernel_refusal_is_unsupported_with_torch_s_own_reason():
+    """torch refuses a pinned SDPA kernel with "No available kernel" and says why in UserWarnings (16,251 of them
+    in the H200 run): the case is unsupported with the first specific reason, and no warning escapes. On a CPU,
+    FLASH_ATTENTION is torch's CPU flash kernel, which refuses Dv != Dk the same way."""
+    torch = pytest.importorskip("torch")
+    from attention_conformance.implementations.builtin import TorchFlashAttention
+
+    q, k, v, _ = make_case(1, 2, 2, 5, 7, 16, 8)
+    with warnings.catch_warnings(record=True) as escaped:
+        warnings.simplefilter("always")
+        with pytest.raises(NotImplementedError,
+                           match="FLASH_ATTENTION: Flash attention requires q,k,v to have the same last dimension"):
+            TorchFlashAttention.sdpa(*(torch.from_numpy(a) for a in (q, k, v)), is_causal=True)
+    assert not [w for w in escaped if "attention" in str(w.message).lower()]
