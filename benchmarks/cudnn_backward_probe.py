@@ -55,8 +55,9 @@ def describe(q, k, mask, rows, scale):
         if not keep.any():
             lines.append(f"row {(int(b), int(h), int(r))}: attends no key"); continue
         p = np.exp(s - s.max()); p /= p.sum()
+        diagonal = "kept" if r < keep.size and keep[r] else "masked"
         lines.append(f"row {(int(b), int(h), int(r))}: attends {int(keep.sum())} keys, max weight {p.max():.3g}, "
-                     f"diagonal {'kept' if r < keep.size and keep[r] else 'masked'}, last key {int(np.nonzero(keep)[0][-1])}")
+                     f"diagonal {diagonal}, last key {int(np.nonzero(keep)[0][-1])}")
     return lines
 
 

@@ -111,10 +111,18 @@ def hang(rec) -> str | None:
     return None
 
 
+_HUNG_EARLIER = re.compile(r" hung earlier on case (.+?) \(no result within")
+
+
 def _hang_cause(name: str, failures: list) -> Cause:
     hung = [rec for rec in failures if hang(rec) == "hung"]
     waited = len(failures) - len(hung)
-    text = f"the call hung (no result within the call time limit) on {len(hung)} case{'s' if len(hung) != 1 else ''}"
+    # A call the per-test time limit interrupted (before the call limit) fails its test with the Timeout, not with a
+    # record: its case is known from the later cases that name it (torch_flex on an H200: "hung on 0 cases" before).
+    count = len(hung) or len({found.group(1) for rec in failures
+                              if (found := _HUNG_EARLIER.search(rec.message or ""))})
+    limit = "the call time limit" if hung else "the per-test time limit"
+    text = f"the call hung (no result within {limit}) on {count} case{'s' if count != 1 else ''}"
     if waited:
         text += f"; {waited} later case{'s were' if waited != 1 else ' was'} failed without a call while it ran"
     return Cause(name, text, len(failures), _clauses(failures))

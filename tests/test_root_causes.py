@@ -106,3 +106,15 @@ def test_a_plain_torch_sdpa_wrapper_has_two_causes_that_explain_every_failure(tm
     assert sum(cause["failures"] for cause in causes) == failed
     assert any("raises RuntimeError" in cause["cause"] and "is_causal" in cause["cause"] for cause in causes)
     assert any(cause["cause"] == "is_causal and scale < 0" for cause in causes)
+
+
+def test_hangs_the_per_test_limit_interrupted_are_counted_from_the_cases_that_name_them():
+    """torch_flex on an H200: two calls were still compiling when the per-test limit stopped their tests (failed with
+    the Timeout, no record of their own); the 80 cases after them named them. The summary had said "hung on 0 cases"."""
+    later = ("  problem  impl hung earlier on case {} (no result within 85.5 s, timed out): not called again in this "
+             "process until that call returns")
+    failing = [record("failed", label(dk=256), clause="contract.result-type", message=later.format(earlier))
+               for earlier in ("B1 Hq2/Hkv2 Lq65 Lk65 Dk256", "B2 Hq4/Hkv2 Lq1 Lk256 Dk192") for _ in range(3)]
+    (cause,) = root_causes(failing)
+    assert cause.description == ("the call hung (no result within the per-test time limit) on 2 cases; 6 later "
+                                 "cases were failed without a call while it ran")
