@@ -834,6 +834,7 @@ class TorchFlexAttention:
     COMPILED = True
     SUPPORTS = {"head_dims": {"min": 16, "max": 256}}
     ALWAYS_LSE = False  # ask flex for the log-sum-exp only where a learnable sink needs it
+    _compiled = None
     # H200, torch 2.11+cu130, 16 workers on 16 cores (2026-11-27): compiling the float32 kernel at Dk 256 (Lq = Lk =
     # 65) and at Dk 192 (Lq 1, Lk 256) was still in Triton's make_llir after 85 s and 120 s; every float16 and
     # bfloat16 compile, and float32 up to Dk 128, returned.
@@ -847,7 +848,6 @@ class TorchFlexAttention:
             return (f"float32 at head dims above {cls.FLOAT32_MAX_HEAD_DIM}: its Triton compile ran past 120 s on an "
                     "H200 (torch 2.11)")
         return None
-    _compiled = None
 
     @classmethod
     def _flex(cls):
