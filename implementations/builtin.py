@@ -805,8 +805,18 @@ class TorchMemoryEfficientAttention(_TorchSDPAKernel):
     NAME = "torch_sdpa_efficient"
     DTYPES = ("float32", "float16", "bfloat16")
     BACKEND = "EFFICIENT_ATTENTION"
-    # Refuses enable_gqa (H100, torch 2.11: "No available kernel" for every Hq != Hkv case).
-    SUPPORTS = {"gqa": False}
+    # Refuses enable_gqa (H100, torch 2.11: "No available kernel" for every Hq != Hkv case), and head dims that are
+    # not a multiple of 16 bytes (H200, torch 2.11: "Mem efficient attention requires last dimension of inputs to be
+    # divisible by 4" in float32, "by 8" in 16 bits, for Dk or Dv; 12,538 of its cases were refused so, 2,135 judged).
+    SUPPORTS = {"gqa": False, "head_dims": {"multiple": 4}}
+    HEAD_DIM_MULTIPLE_16BIT = 8
+
+    @classmethod
+    def supports(cls, facts):
+        multiple = cls.HEAD_DIM_MULTIPLE_16BIT
+        if facts.get("dtype") in ("float16", "bfloat16") and (facts["Dk"] % multiple or facts["Dv"] % multiple):
+            return f"head dims Dk {facts['Dk']}, Dv {facts['Dv']}: in 16 bits a multiple of {multiple} (16 bytes)"
+        return None
 
 
 class TorchCuDNNAttention(_TorchSDPAKernel):

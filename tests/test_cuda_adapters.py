@@ -171,3 +171,17 @@ def test_a_pinned_torch_kernel_refusal_is_unsupported_with_torch_s_own_reason():
                            match="FLASH_ATTENTION: Flash attention requires q,k,v to have the same last dimension"):
             TorchFlashAttention.sdpa(*(torch.from_numpy(a) for a in (q, k, v)), is_causal=True)
     assert not [w for w in escaped if "attention" in str(w.message).lower()]
+
+
+def test_the_memory_efficient_kernel_declares_its_16_byte_head_dims():
+    """torch refused 12,538 of torch_sdpa_efficient's cases on an H200 for head dims not a multiple of 16 bytes (4
+    in float32, 8 in 16 bits, Dk or Dv): declared, so that the suite draws cases it runs instead."""
+    from attention_conformance.implementations import load_implementation
+
+    region = load_implementation("builtin:torch_sdpa_efficient").region
+    facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 5, "Lk": 7, "mask_kind": "none", "is_causal": False,
+             "scale": None, "variants": (), "device": "cuda"}
+    assert region.why_outside({**facts, "dtype": "float32", "Dk": 4, "Dv": 12}) is None
+    assert region.why_outside({**facts, "dtype": "float32", "Dk": 4, "Dv": 5})
+    assert region.why_outside({**facts, "dtype": "float16", "Dk": 4, "Dv": 8})
+    assert region.why_outside({**facts, "dtype": "bfloat16", "Dk": 16, "Dv": 8}) is None
