@@ -797,8 +797,11 @@ class TorchFlashAttention(_TorchSDPAKernel):
     NAME = "torch_sdpa_flash"
     DTYPES = ("float16", "bfloat16")
     BACKEND = "FLASH_ATTENTION"
-    # FlashAttention-2 in torch: head dims a multiple of 8 up to 256, Dv == Dk, no attn_mask (is_causal only).
-    SUPPORTS = {"head_dims": {"min": 8, "max": 256, "multiple": 8}, "value_head_dim": "same", "masks": ["none"]}
+    # FlashAttention-2 in torch: head dims a multiple of 8 up to 256, Dv == Dk, no attn_mask (is_causal only), and
+    # is_causal only where Lq == Lk (H200, torch 2.11: "Flash attention does not support the is_causal flag when
+    # seqlen_q != seqlen_k", for 74 shapes of the run).
+    SUPPORTS = {"head_dims": {"min": 8, "max": 256, "multiple": 8}, "value_head_dim": "same", "masks": ["none"],
+                "causal": "lq==lk"}
 
 
 class TorchMemoryEfficientAttention(_TorchSDPAKernel):

@@ -185,3 +185,16 @@ def test_the_memory_efficient_kernel_declares_its_16_byte_head_dims():
     assert region.why_outside({**facts, "dtype": "float32", "Dk": 4, "Dv": 5})
     assert region.why_outside({**facts, "dtype": "float16", "Dk": 4, "Dv": 8})
     assert region.why_outside({**facts, "dtype": "bfloat16", "Dk": 16, "Dv": 8}) is None
+
+
+def test_the_flash_kernel_declares_causal_for_equal_lengths_only():
+    """torch 2.11 refuses is_causal with Lq != Lk in its flash kernel ("Flash attention does not support the is_causal
+    flag when seqlen_q != seqlen_k", 74 shapes on an H200): declared, so causal cases are drawn with Lq == Lk."""
+    from attention_conformance.implementations import load_implementation
+
+    region = load_implementation("builtin:torch_sdpa_flash").region
+    facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Dk": 64, "Dv": 64, "mask_kind": "none", "scale": None,
+             "variants": (), "device": "cuda", "dtype": "float16"}
+    assert region.why_outside({**facts, "Lq": 64, "Lk": 128, "is_causal": True})
+    assert region.why_outside({**facts, "Lq": 128, "Lk": 128, "is_causal": True}) is None
+    assert region.why_outside({**facts, "Lq": 64, "Lk": 128, "is_causal": False}) is None
