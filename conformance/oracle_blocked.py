@@ -199,21 +199,19 @@ class _AllowedContext:
     """What the allowed error needs beyond the block: |k|, per-key and per-head maxima of |v|."""
 
     u: float
-    u_in: float  # TF32 rounding of the matmul inputs where declared, else 0 (spec/tolerances.yaml, tf32)
     abs_k_t: np.ndarray  # (B, Hkv, Dk, Lk)
     v_row_max: np.ndarray  # (B, Hq, 1, Lk): the largest |v_jd| of key j
     uniform: np.ndarray | None  # (B, Hq, 1, Dv): the 'uniform' policy's bound for a fully masked row; None under others
 
 
-def _allowed_context(p: _Problem, dtype: str, tf32: bool = False, policy: str = "zeros") -> _AllowedContext:
+def _allowed_context(p: _Problem, dtype: str, policy: str = "zeros") -> _AllowedContext:
     abs_v = np.abs(p.v)
-    u, u_in = tolerances.unit_roundoff(dtype), tolerances.tf32_unit_roundoff() if tf32 else 0.0
+    u = tolerances.unit_roundoff(dtype)
     return _AllowedContext(
         u=u,
-        u_in=u_in,
         abs_k_t=np.swapaxes(np.abs(p.k), -1, -2),
         v_row_max=_per_query_head(np.max(abs_v, axis=-1)[..., None, :], p.query_heads),
-        uniform=tolerances.uniform_row_bound(u, p.v, p.query_heads, u_in) if policy == "uniform" else None,
+        uniform=tolerances.uniform_row_bound(u, p.v, p.query_heads) if policy == "uniform" else None,
     )
 
 
@@ -224,25 +222,24 @@ def _block_allowed(p: _Problem, blk: _Block, ctx: _AllowedContext, policy: str) 
     Keys outside ``blk.keys`` have weight 0 and so cost nothing in either term.
     """
     u, dk = ctx.u, p.q.shape[-1]
-    c_in = tolerances.tf32_input_constant()
-    # ds_ij = u * (sqrt(Dk) * |scale| * |q_i| . |k_j| + |m_ij|) + c_in * 2 * u_in * |scale| * |q_i| . |k_j|,
-    # m the finite part of the bias (u_in: TF32 input rounding where declared, else 0)
+    # ds_ij = u * (sqrt(Dk) * |scale| * |q_i| . |k_j| + |m_ij|), m the finite part of the bias
     score_error = _with_kv(np.abs(p.q[:, :, blk.rows]), ctx.abs_k_t[..., blk.keys])
-    score_error *= abs(p.scale) * (u * math.sqrt(dk) + c_in * 2 * ctx.u_in)
+    score_error *= abs(p.scale) * u * math.sqrt(dk)
     score_error += u * np.where(np.isfinite(blk.bias), np.abs(blk.bias), 0.0)
     weighted_error = np.sum(np.multiply(blk.weights, score_error, out=score_error), axis=-1, keepdims=True)
     # tolerances._sdpa_terms also gives rows that attend nothing a V_i; sdpa_allowed then
     # overrides those rows (0, or the 'uniform' spread below), so it is not needed here.
     v_max = np.max(np.where(blk.weights > 0, ctx.v_row_max[..., blk.keys], 0.0), axis=-1, keepdims=True)
     growth = tolerances.accumulation_growth(blk.weights, p.v[:, :, blk.keys], p.lk, u)
-    allowed = tolerances.sdpa_row_bound(u, v_max, weighted_error, growth) + c_in * 2 * ctx.u_in * v_max
+    allowed = tolerances.sdpa_row_bound(u, v_max, weighted_error, growth)
     if policy == "uniform":
         return np.where(blk.empty, ctx.uniform, allowed)
     return np.where(blk.empty, 0.0, allowed)
 
 
-def _block_allowed16(p: _Problem, rows: slice, dtype: str, policy: str) -> np.ndarray:
-    """``tolerances.sdpa_allowed`` for a 16-bit dtype at the block's rows, (B, Hq, n, Dv).
+def _block_allowed16(p: _Problem, rows: slice, dtype: str, policy: str, tf32: bool = False) -> np.ndarray:
+    """``tolerances.sdpa_allowed`` for a 16-bit dtype (or float32 declared TF32, held to the 16-bit model) at the
+    block's rows, (B, Hq, n, Dv).
 
     The 16-bit model (spec/tolerances.yaml, sixteen_bit) is per output element but still row-local:
     it is evaluated on the block's query rows against all keys, with the block's rows of the bias
@@ -250,7 +247,7 @@ def _block_allowed16(p: _Problem, rows: slice, dtype: str, policy: str) -> np.nd
     few (B, Hq, n, Lk) arrays and k, v repeated to Hq heads: O(block * Lk + L * D) per step.
     """
     bias = block_bias(p.mask, p.is_causal, rows, slice(0, p.lk))
-    return tolerances.sdpa_allowed(p.q[:, :, rows], p.k, p.v, bias, False, p.scale, dtype, policy)
+    return tolerances.sdpa_allowed(p.q[:, :, rows], p.k, p.v, bias, False, p.scale, dtype, policy, tf32=tf32)
 
 
 # ------------------------------------------------------------------ public
@@ -276,15 +273,15 @@ def sdpa_with_allowed(q, k, v, mask=None, is_causal=False, scale=None, dtype: st
     declares TF32 float32 matmuls.
     """
     p = _problem(q, k, v, mask, is_causal, scale)
-    sixteen_bit = tolerances.is_sixteen_bit(dtype)
-    ctx = None if sixteen_bit else _allowed_context(p, dtype, tf32, policy)
+    per_element = tolerances.is_sixteen_bit(dtype) or (tf32 and dtype == "float32")  # spec/tolerances.yaml, tf32
+    ctx = None if per_element else _allowed_context(p, dtype, policy)
     expected = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
     allowed = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
     for rows in row_blocks(p.lq, block):
         blk = _block(p, rows)
         expected[:, :, rows] = _block_output(p, blk, policy)
-        if sixteen_bit:
-            allowed[:, :, rows] = _block_allowed16(p, rows, dtype, policy)
+        if per_element:
+            allowed[:, :, rows] = _block_allowed16(p, rows, dtype, policy, tf32)
         else:
             allowed[:, :, rows] = _block_allowed(p, blk, ctx, policy)
     return expected, allowed

@@ -31,14 +31,9 @@ def tf32_unit_roundoff() -> float:
     return float(model()["tf32"]["unit_roundoff"])
 
 
-def tf32_input_constant() -> float:
-    """c_in of spec/tolerances.yaml 'tf32', times the safety factor."""
-    return _constants("tf32")["c_in"]
-
-
-def _tf32_input_rounding(tf32: bool) -> float:
-    """u_in of spec/tolerances.yaml 'tf32': the relative rounding of each matmul input, 0 unless declared."""
-    return tf32_unit_roundoff() if tf32 else 0.0
+# spec/tolerances.yaml, tf32: a TF32-declared float32 sdpa or multi-head attention is held to the sixteen_bit model
+# of this dtype, whose unit roundoff TF32 shares.
+TF32_MODEL_DTYPE = "float16"
 
 
 def _constants(section: str) -> dict:
@@ -70,16 +65,13 @@ def sdpa_row_bound(u: float, v_max, weighted_score_error, growth):
     return u * v_max * _output_growth(growth) + _constants("sdpa")["c_score"] * 2 * v_max * weighted_score_error
 
 
-def uniform_row_bound(u: float, v, hq: int, u_in: float = 0.0):
+def uniform_row_bound(u: float, v, hq: int):
     """The allowed error of a fully masked row under the 'uniform' policy, the mean of v (B, Hkv, Lk, Dv) over all
-    keys, for each of the hq query heads: (B, hq, 1, Dv), the growth Lk where a feature's summands coincide. ``u_in``
-    (TF32, where declared): the weights 1/Lk and v rounded before P @ V, c_in 2 u_in max|v| (spec/tolerances.yaml,
-    tf32), as for a row with keys."""
+    keys, for each of the hq query heads: (B, hq, 1, Dv), the growth Lk where a feature's summands coincide."""
     v = np.asarray(v, dtype=np.float64)
     v_abs_max = oracle.repeat_kv_heads(np.max(np.abs(v), axis=(-2, -1), keepdims=True), hq)
     weights = np.ones((v.shape[0], hq, 1, v.shape[-2]))
-    return (u * v_abs_max * _output_growth(accumulation_growth(weights, v, v.shape[-2], u))
-            + tf32_input_constant() * 2 * u_in * v_abs_max)
+    return u * v_abs_max * _output_growth(accumulation_growth(weights, v, v.shape[-2], u))
 
 
 def coinciding_spread() -> float:
@@ -205,12 +197,8 @@ def _sink_shift(scores_: np.ndarray, sink: np.ndarray) -> tuple[np.ndarray, np.n
     return m, np.where(np.isfinite(top), m - top, 0.0)
 
 
-def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_in: float = 0.0, **variants):
-    """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv.
-
-    ``u_in`` is the relative rounding of each matmul input (TF32: 2^-11, else 0); it adds
-    2 u_in |scale| |q_i|.|k_j| to each score error and 2 u_in V_i to each output row
-    (P and v rounded before P @ V), times c_in (spec/tolerances.yaml, tf32)."""
+def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, **variants):
+    """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv."""
     q, k, v, dk, dv = _per_query_head(q, k, v, dk, dv)
     dk_, lk = q.shape[-1], k.shape[-2]
     scale_value = 1.0 / math.sqrt(dk_) if scale is None else float(scale)
@@ -218,8 +206,7 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
     abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(scale_value)
     bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk, **_key_options(variants))
     finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
-    c_in = tf32_input_constant()
-    score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias) + c_in * 2 * u_in * abs_scores
+    score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias)
     score_error = score_error + _variant_score_error(q, k, scale_value, u, **variants)
     if dq is not None:
         score_error = score_error + abs(scale_value) * (
@@ -246,7 +233,6 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
                                                  + p_sink * (np.abs(sink) + np.abs(sink - m)))
         terms = lk + 1
     allowed = sdpa_row_bound(u, v_max, weighted, accumulation_growth(weights, v, terms, u))
-    allowed = allowed + c_in * 2 * u_in * v_max
     if dv is not None:
         allowed = allowed + weights @ dv
     return allowed
@@ -431,15 +417,21 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
     elif is_sixteen_bit(dtype):
         u = unit_roundoff(dtype)
         allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants)
+    elif tf32 and dtype == "float32":
+        # TF32 rounds the matmul inputs to float16's unit roundoff and nothing else: at most a float16 computation's
+        # errors, so the sixteen_bit model at that roundoff (spec/tolerances.yaml, tf32), never below float32's.
+        u = unit_roundoff(TF32_MODEL_DTYPE)
+        allowed = np.maximum(_sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants),
+                             _sdpa_terms(q, k, v, mask, is_causal, scale, unit_roundoff(dtype), **variants))
     else:
         u = unit_roundoff(dtype)
-        allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, u_in=_tf32_input_rounding(tf32), **variants)
+        allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, **variants)
     # Rows without keys: exactly 0 under 'zeros', and with a learnable sink under every policy (its weight takes
     # the whole row: oracle.attention_weights).
     empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
     if policy == "uniform" and variants.get("learnable_sink") is None and empty.any():
         # a fully masked row is the mean of v: the first-order model's bound for it
-        return np.where(empty, uniform_row_bound(u, v, np.shape(q)[1], _tf32_input_rounding(tf32)), allowed)
+        return np.where(empty, uniform_row_bound(u, v, np.shape(q)[1]), allowed)
     return np.where(empty, 0.0, allowed)
 
 
@@ -486,10 +478,12 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
     variants = {n: x for n, x in variants.items() if n != "query_lengths"}
     if is_sixteen_bit(dtype):
         return _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype, **variants)
+    if tf32 and dtype == "float32":  # as sdpa_allowed: the sixteen_bit model at float16's roundoff, at least float32's
+        return np.maximum(_mha16_allowed(query, key, value, params, num_heads, mask, is_causal, TF32_MODEL_DTYPE,
+                                         **variants),
+                          mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype, **variants))
     u = unit_roundoff(dtype)
-    u_in = _tf32_input_rounding(tf32)
     c_proj = _constants("multi_head_attention")["c_proj"]
-    c_in = tf32_input_constant()
     p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
     trace: dict = {}
     oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace, **variants)
@@ -498,7 +492,7 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
         x = np.abs(np.asarray(x, dtype=np.float64))
         w = np.abs(p["w_" + name])
         b = np.abs(p.get("b_" + name, 0.0))
-        return c_proj * u * (math.sqrt(x.shape[-1]) * (x @ w) + b) + c_in * 2 * u_in * (x @ w)
+        return c_proj * u * (math.sqrt(x.shape[-1]) * (x @ w) + b)
 
     def split(x):
         b, length, width = x.shape
@@ -506,7 +500,7 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
 
     dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
     context_error = _sdpa_terms(
-        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv, u_in=u_in,
+        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv,
         **variants,
     )
     context_error = np.broadcast_to(context_error, trace["context"].shape)

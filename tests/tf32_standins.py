@@ -1,15 +1,20 @@
-"""NumPy stand-ins computing as jax.nn.dot_product_attention does on an NVIDIA GPU, for tests/test_tf32_declared.py.
+"""NumPy stand-ins computing as jax.nn.dot_product_attention does on an NVIDIA GPU, for tests/test_tf32_declared.py and
+benchmarks/tf32_calibration.py.
 
-float32 only; every matmul input (q, k, the weights P, v) rounded to TF32 (zoo/kernel_correct.to_tf32: 10 mantissa
-bits, as XLA's default precision does on NVIDIA GPUs), float32 accumulation; masked scores filled with
--0.7 * finfo(float32).max as JAX does, so a row whose every key is removed averages v. ``Declared`` says all of that
-(FLOAT32_MATMUL, FULLY_MASKED_ROWS, the ready-made deviation), as the jax_dpa built-in does on cuda; ``Undeclared`` is
-the same computation claiming IEEE float32, which the suite must reject.
+float32 only; every matmul input (q, k, the weights P, v; in multi-head attention also the projections' inputs and
+weights) rounded to TF32 (zoo/kernel_correct.to_tf32: 10 mantissa bits, round to nearest even), float32 accumulation;
+masked scores filled with -0.7 * finfo(float32).max as JAX does, so a row whose every key is removed averages v. On
+the H100 scenarios of ../shared/gpu-evidence/kernels-characterized.md this computation gives JAX's measured TF32
+errors to three digits (benchmarks/tf32_calibration.py). ``Declared`` says all of that (FLOAT32_MATMUL,
+FULLY_MASKED_ROWS, the ready-made deviation), as the jax_dpa built-in does on cuda; ``Undeclared`` is the same
+computation claiming IEEE float32, and ``Bfloat16Inputs`` rounds the matmul inputs to bfloat16 (8 mantissa bits:
+torch's float32_matmul_precision "medium") while declaring TF32: the suite must reject both.
 
 Run them as ``--impl tests.tf32_standins:Declared`` from the repository root.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from attention_conformance.implementations import deviations
@@ -18,31 +23,61 @@ from zoo.kernel_correct import to_tf32
 FILL = np.float32(-0.7 * np.finfo(np.float32).max)
 
 
-def _sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def sdpa_rounded(q, k, v, mask=None, is_causal=False, scale=None, rounding=to_tf32):
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     scale = np.float32(q.shape[-1] ** -0.5 if scale is None else scale)
-    scores = (to_tf32(q) @ np.swapaxes(to_tf32(k), -1, -2)).astype(np.float32) * scale
+    scores = (rounding(q) @ np.swapaxes(rounding(k), -1, -2)).astype(np.float32) * scale
     keep = np.ones(scores.shape, dtype=bool)
     if mask is not None and mask.dtype == bool:
         keep = keep & mask
     elif mask is not None:
-        scores = scores + mask
+        scores = scores + mask.astype(np.float32)
     if is_causal:
         keep = keep & np.tril(np.ones(scores.shape[-2:], dtype=bool))
     scores = np.where(keep, scores, FILL)
     with np.errstate(invalid="ignore", over="ignore"):
         weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
         weights = weights / weights.sum(axis=-1, keepdims=True)
-    return (to_tf32(weights.astype(np.float32)) @ to_tf32(v)).astype(np.float32)
+    return (rounding(weights.astype(np.float32)) @ rounding(v)).astype(np.float32)
+
+
+def mha_rounded(query, key, value, params, num_heads, mask=None, is_causal=False, rounding=to_tf32):
+    def project(x, name):
+        y = (rounding(x) @ rounding(params["w_" + name])).astype(np.float32)
+        return y + params["b_" + name] if "b_" + name in params else y
+
+    def split(x):
+        b, length, width = x.shape
+        return np.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
+
+    q, k, v = split(project(query, "q")), split(project(key, "k")), split(project(value, "v"))
+    heads = sdpa_rounded(q, k, v, mask, is_causal, None, rounding)
+    b, _, length, dv = heads.shape
+    return project(np.swapaxes(heads, 1, 2).reshape(b, length, num_heads * dv), "o")
 
 
 class Undeclared:
     DTYPES = ("float32",)
     FULLY_MASKED_ROWS = deviations.LARGE_FINITE_NEGATIVE_ROWS
     KNOWN_DEVIATIONS = (deviations.large_finite_negative_mask_fill(note="a TF32 stand-in"),)
-    sdpa = staticmethod(_sdpa)
+    sdpa = staticmethod(sdpa_rounded)
+    multi_head_attention = staticmethod(mha_rounded)
 
 
 class Declared(Undeclared):
     FLOAT32_MATMUL = {"cpu": "tf32"}
+
+
+class Bfloat16Inputs(Declared):
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        return sdpa_rounded(q, k, v, mask, is_causal, scale, to_bfloat16)
+
+    @staticmethod
+    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+        return mha_rounded(query, key, value, params, num_heads, mask, is_causal, to_bfloat16)
