@@ -8,8 +8,9 @@
    the GPU for `jax.nn.dot_product_attention` in float32 at JAX's default precision, and what share of the allowance
    the measured error uses.
 2. Draws random sdpa cases (head dims 1 to 256, lengths to 300, masks, scales, magnitudes) and multi-head attention
-   cases, and prints error / allowed, max and median, for the TF32 emulation (correct: must stay below 1) and for the
-   same computation with bfloat16 matmul inputs (torch's float32_matmul_precision "medium", declared as TF32: the
+   cases, and prints error / allowed, max and median, for the TF32 emulation (correct: must stay below 1), for TF32
+   by truncation (a tensor core reading float32 registers unrounded: also correct TF32) and for the same computation
+   with bfloat16 matmul inputs (torch's float32_matmul_precision "medium", declared as TF32: the
    share of cases over 1 is how often the suite catches it).
 """
 from __future__ import annotations
@@ -28,6 +29,16 @@ from tests.tf32_standins import mha_rounded, sdpa_rounded, to_bfloat16  # noqa: 
 from zoo.kernel_correct import to_tf32  # noqa: E402
 
 EVIDENCE = ROOT.parent / "shared" / "gpu-evidence" / "kernels-characterized.md"
+
+
+def to_tf32_truncated(x: np.ndarray) -> np.ndarray:
+    """TF32 by truncation (the low 13 mantissa bits dropped): what a tensor core reads from float32 registers when
+    no rounding conversion comes first (Triton's tf32 dots may do this), up to twice the rounding's error, biased."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return np.where(np.isfinite(x), (bits & np.uint32(0xFFFFE000)).view(np.float32), x)
+
+
+ROUNDINGS = {"tf32": to_tf32, "tf32 truncated": to_tf32_truncated, "bfloat16": to_bfloat16}
 
 
 def characterized_scenarios():
@@ -105,15 +116,15 @@ def random_sdpa(rng):
 
 def monte_carlo(cases: int, mha: int, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
-    found = {"tf32": [], "bfloat16": []}
+    found = {name: [] for name in ROUNDINGS}
     for _ in range(cases):
         q, k, v, mask, causal, scale = random_sdpa(rng)
         want = oracle.sdpa(q, k, v, mask, causal, scale)
         allowed = tolerances.sdpa_allowed(q, k, v, mask, causal, scale, "float32", tf32=True)
-        for name, rounding in (("tf32", to_tf32), ("bfloat16", to_bfloat16)):
+        for name, rounding in ROUNDINGS.items():
             found[name].append(ratio(sdpa_rounded(q, k, v, mask, causal, scale, rounding), want, allowed))
     report("sdpa", found)
-    found = {"tf32": [], "bfloat16": []}
+    found = {name: [] for name in ROUNDINGS}
     for _ in range(mha):
         heads, e = int(rng.choice([1, 2, 4])), int(rng.choice([4, 8, 16, 64, 128]))
         b, lq, lk = 1, int(rng.integers(1, 40)), int(rng.integers(1, 60))
@@ -125,7 +136,7 @@ def monte_carlo(cases: int, mha: int, seed: int = 0) -> None:
         causal = bool(rng.integers(0, 2))
         want = oracle.multi_head_attention(query, key, value, params, heads, None, causal)
         allowed = tolerances.mha_allowed(query, key, value, params, heads, None, causal, "float32", tf32=True)
-        for name, rounding in (("tf32", to_tf32), ("bfloat16", to_bfloat16)):
+        for name, rounding in ROUNDINGS.items():
             got = mha_rounded(query, key, value, params, heads, None, causal, rounding)
             found[name].append(ratio(got, want, allowed))
     report("multi_head_attention", found)
