@@ -25,17 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from attention_conformance.conformance import oracle, tolerances  # noqa: E402
-from tests.tf32_standins import mha_rounded, sdpa_rounded, to_bfloat16  # noqa: E402
+from tests.tf32_standins import mha_rounded, sdpa_rounded, to_bfloat16, to_tf32_truncated  # noqa: E402
 from zoo.kernel_correct import to_tf32  # noqa: E402
 
 EVIDENCE = ROOT.parent / "shared" / "gpu-evidence" / "kernels-characterized.md"
-
-
-def to_tf32_truncated(x: np.ndarray) -> np.ndarray:
-    """TF32 by truncation (the low 13 mantissa bits dropped): what a tensor core reads from float32 registers when
-    no rounding conversion comes first (Triton's tf32 dots may do this), up to twice the rounding's error, biased."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return np.where(np.isfinite(x), (bits & np.uint32(0xFFFFE000)).view(np.float32), x)
 
 
 ROUNDINGS = {"tf32": to_tf32, "tf32 truncated": to_tf32_truncated, "bfloat16": to_bfloat16}

@@ -31,8 +31,13 @@ def tf32_unit_roundoff() -> float:
     return float(model()["tf32"]["unit_roundoff"])
 
 
-# spec/tolerances.yaml, tf32: a TF32-declared float32 sdpa or multi-head attention is held to the sixteen_bit model
-# of this dtype, whose unit roundoff TF32 shares.
+def tf32_input_constant() -> float:
+    """c_in of spec/tolerances.yaml 'tf32', times the safety factor."""
+    return _constants("tf32")["c_in"]
+
+
+# spec/tolerances.yaml, tf32: a TF32-declared float32 sdpa is held to the sixteen_bit model of this dtype, whose unit
+# roundoff TF32 shares.
 TF32_MODEL_DTYPE = "float16"
 
 
@@ -197,8 +202,12 @@ def _sink_shift(scores_: np.ndarray, sink: np.ndarray) -> tuple[np.ndarray, np.n
     return m, np.where(np.isfinite(top), m - top, 0.0)
 
 
-def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, **variants):
-    """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv."""
+def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_in: float = 0.0, **variants):
+    """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv.
+
+    ``u_in`` is the relative rounding of each matmul input (multi-head attention declared TF32: 2^-11, else 0); it
+    adds 2 u_in |scale| |q_i|.|k_j| to each score error and 2 u_in V_i to each output row (P and v rounded before
+    P @ V), times c_in (spec/tolerances.yaml, tf32)."""
     q, k, v, dk, dv = _per_query_head(q, k, v, dk, dv)
     dk_, lk = q.shape[-1], k.shape[-2]
     scale_value = 1.0 / math.sqrt(dk_) if scale is None else float(scale)
@@ -206,7 +215,8 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, *
     abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(scale_value)
     bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk, **_key_options(variants))
     finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
-    score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias)
+    c_in = tf32_input_constant()
+    score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias) + c_in * 2 * u_in * abs_scores
     score_error = score_error + _variant_score_error(q, k, scale_value, u, **variants)
     if dq is not None:
         score_error = score_error + abs(scale_value) * (
@@ -233,6 +243,7 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, *
                                                  + p_sink * (np.abs(sink) + np.abs(sink - m)))
         terms = lk + 1
     allowed = sdpa_row_bound(u, v_max, weighted, accumulation_growth(weights, v, terms, u))
+    allowed = allowed + c_in * 2 * u_in * v_max
     if dv is not None:
         allowed = allowed + weights @ dv
     return allowed
@@ -478,12 +489,12 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
     variants = {n: x for n, x in variants.items() if n != "query_lengths"}
     if is_sixteen_bit(dtype):
         return _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype, **variants)
-    if tf32 and dtype == "float32":  # as sdpa_allowed: the sixteen_bit model at float16's roundoff, at least float32's
-        return np.maximum(_mha16_allowed(query, key, value, params, num_heads, mask, is_causal, TF32_MODEL_DTYPE,
-                                         **variants),
-                          mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype, **variants))
+    # Declared TF32: the first-order input rounding (spec/tolerances.yaml, tf32), not the sixteen_bit model sdpa takes:
+    # TF32 by truncation, whose errors add linearly through the projections, used 1.3x that model.
     u = unit_roundoff(dtype)
+    u_in = tf32_unit_roundoff() if tf32 else 0.0
     c_proj = _constants("multi_head_attention")["c_proj"]
+    c_in = tf32_input_constant()
     p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
     trace: dict = {}
     oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace, **variants)
@@ -492,7 +503,7 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
         x = np.abs(np.asarray(x, dtype=np.float64))
         w = np.abs(p["w_" + name])
         b = np.abs(p.get("b_" + name, 0.0))
-        return c_proj * u * (math.sqrt(x.shape[-1]) * (x @ w) + b)
+        return c_proj * u * (math.sqrt(x.shape[-1]) * (x @ w) + b) + c_in * 2 * u_in * (x @ w)
 
     def split(x):
         b, length, width = x.shape
@@ -500,7 +511,7 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
 
     dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
     context_error = _sdpa_terms(
-        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv,
+        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv, u_in=u_in,
         **variants,
     )
     context_error = np.broadcast_to(context_error, trace["context"].shape)

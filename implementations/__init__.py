@@ -48,8 +48,8 @@ or more of
     supports(facts)    optional method: why a case is outside the region (str), or None; asked while
                        drawing, so a case it refuses is never generated (README, "Facts")
     FLOAT32_MATMUL     "ieee" (default) or "tf32", or {device: mode}: float32 matmuls round their
-                       inputs to TF32; the float32 tolerance is then the 16-bit model at TF32's unit
-                       roundoff 2^-11 (spec/tolerances.yaml, tf32)
+                       inputs to TF32; the float32 tolerance of sdpa is then the 16-bit model at
+                       TF32's unit roundoff 2^-11 (spec/tolerances.yaml, tf32)
     COMPILED           True when each new input signature compiles (torch.compile, a JIT): the
                        suite runs fewer examples per property and allows a longer first call
     KNOWN_DEVIATIONS   documented departures from a clause, each a dict

@@ -7,7 +7,8 @@ masked scores filled with -0.7 * finfo(float32).max as JAX does, so a row whose 
 the H100 scenarios of ../shared/gpu-evidence/kernels-characterized.md this computation gives JAX's measured TF32
 errors to three digits (benchmarks/tf32_calibration.py). ``Declared`` says all of that (FLOAT32_MATMUL,
 FULLY_MASKED_ROWS, the ready-made deviation), as the jax_dpa built-in does on cuda; ``Undeclared`` is the same
-computation claiming IEEE float32, and ``Bfloat16Inputs`` rounds the matmul inputs to bfloat16 (8 mantissa bits:
+computation claiming IEEE float32, ``DeclaredTruncated`` truncates to TF32 instead of rounding (declared: correct
+too), and ``Bfloat16Inputs`` rounds the matmul inputs to bfloat16 (8 mantissa bits:
 torch's float32_matmul_precision "medium") while declaring TF32: the suite must reject both.
 
 Run them as ``--impl tests.tf32_standins:Declared`` from the repository root.
@@ -25,6 +26,13 @@ FILL = np.float32(-0.7 * np.finfo(np.float32).max)
 
 def to_bfloat16(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def to_tf32_truncated(x: np.ndarray) -> np.ndarray:
+    """TF32 by truncation (the low 13 mantissa bits dropped): what a tensor core reads from float32 registers when
+    no rounding conversion comes first (Triton's tf32 dots may do this), up to twice the rounding's error, biased."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return np.where(np.isfinite(x), (bits & np.uint32(0xFFFFE000)).view(np.float32), x)
 
 
 def sdpa_rounded(q, k, v, mask=None, is_causal=False, scale=None, rounding=to_tf32):
@@ -71,6 +79,18 @@ class Undeclared:
 
 class Declared(Undeclared):
     FLOAT32_MATMUL = {"cpu": "tf32"}
+
+
+class DeclaredTruncated(Declared):
+    """TF32 by truncation, declared: also correct TF32."""
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        return sdpa_rounded(q, k, v, mask, is_causal, scale, to_tf32_truncated)
+
+    @staticmethod
+    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
+        return mha_rounded(query, key, value, params, num_heads, mask, is_causal, to_tf32_truncated)
 
 
 class Bfloat16Inputs(Declared):
