@@ -73,8 +73,15 @@ class Undeclared:
     DTYPES = ("float32",)
     FULLY_MASKED_ROWS = deviations.LARGE_FINITE_NEGATIVE_ROWS
     KNOWN_DEVIATIONS = (deviations.large_finite_negative_mask_fill(note="a TF32 stand-in"),)
-    sdpa = staticmethod(sdpa_rounded)
-    multi_head_attention = staticmethod(mha_rounded)
+    ROUNDING = staticmethod(to_tf32)  # of every matmul input
+
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
+        return sdpa_rounded(q, k, v, mask, is_causal, scale, cls.ROUNDING)
+
+    @classmethod
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False):
+        return mha_rounded(query, key, value, params, num_heads, mask, is_causal, cls.ROUNDING)
 
 
 class Declared(Undeclared):
@@ -84,20 +91,8 @@ class Declared(Undeclared):
 class DeclaredTruncated(Declared):
     """TF32 by truncation, declared: also correct TF32."""
 
-    @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
-        return sdpa_rounded(q, k, v, mask, is_causal, scale, to_tf32_truncated)
-
-    @staticmethod
-    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
-        return mha_rounded(query, key, value, params, num_heads, mask, is_causal, to_tf32_truncated)
+    ROUNDING = staticmethod(to_tf32_truncated)
 
 
 class Bfloat16Inputs(Declared):
-    @staticmethod
-    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
-        return sdpa_rounded(q, k, v, mask, is_causal, scale, to_bfloat16)
-
-    @staticmethod
-    def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
-        return mha_rounded(query, key, value, params, num_heads, mask, is_causal, to_bfloat16)
+    ROUNDING = staticmethod(to_bfloat16)
