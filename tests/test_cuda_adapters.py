@@ -67,28 +67,6 @@ def test_flex_adapter_maps_the_contract_onto_mask_mod_and_score_mod(monkeypatch,
     assert_within_float32_allowance(got.numpy(), q, k, v, m, is_causal, scale)
 
 
-@pytest.mark.parametrize("is_causal, hq, hkv, scale", [(False, 2, 2, None), (True, 4, 2, -0.3)],
-                         ids=["plain", "gqa-causal-negative-scale"])
-def test_pallas_adapter_repeats_kv_heads_and_traces_causal_without_x64(monkeypatch, is_causal, hq, hkv, scale):
-    pytest.importorskip("jax")
-    try:
-        from jax.experimental.pallas.ops.gpu import attention
-    except Exception as exc:  # noqa: BLE001 -- this JAX ships no Pallas GPU ops
-        pytest.skip(f"jax.experimental.pallas.ops.gpu.attention is not importable: {exc}")
-    import jax
-
-    from attention_conformance.implementations.builtin import JaxPallasFlashAttention
-
-    monkeypatch.setattr(attention, "mha", functools.partial(attention.mha, interpret=True))
-    q, k, v, _ = make_case(1, hq, hkv, 128, 128, 16, 16)
-    # The suite turns x64 on for float64 cases only (README, "JAX and float64"), but a user's process may run with it
-    # on: the adapter must cope.
-    with jax.enable_x64(True):
-        got = JaxPallasFlashAttention.sdpa(q, k, v, is_causal=is_causal, scale=scale)
-    assert_within_float32_allowance(np.asarray(got), q, k, v, None, is_causal, scale)
-
-
-
 def _pallas_in_interpret_mode(monkeypatch):
     pytest.importorskip("jax")
     try:
@@ -96,6 +74,23 @@ def _pallas_in_interpret_mode(monkeypatch):
     except Exception as exc:  # noqa: BLE001 -- this JAX ships no Pallas GPU ops
         pytest.skip(f"jax.experimental.pallas.ops.gpu.attention is not importable: {exc}")
     monkeypatch.setattr(attention, "mha", functools.partial(attention.mha, interpret=True))
+
+
+@pytest.mark.parametrize("is_causal, hq, hkv, scale", [(False, 2, 2, None), (True, 4, 2, -0.3)],
+                         ids=["plain", "gqa-causal-negative-scale"])
+def test_pallas_adapter_repeats_kv_heads_and_traces_causal_without_x64(monkeypatch, is_causal, hq, hkv, scale):
+    _pallas_in_interpret_mode(monkeypatch)
+    import jax
+
+    from attention_conformance.implementations.builtin import JaxPallasFlashAttention
+
+    q, k, v, _ = make_case(1, hq, hkv, 128, 128, 16, 16)
+    # The suite turns x64 on for float64 cases only (README, "JAX and float64"), but a user's process may run with it
+    # on: the adapter must cope.
+    with jax.enable_x64(True):
+        got = JaxPallasFlashAttention.sdpa(q, k, v, is_causal=is_causal, scale=scale)
+    assert_within_float32_allowance(np.asarray(got), q, k, v, None, is_causal, scale)
+
 
 
 def test_pallas_backward_refusal_of_unequal_block_counts_is_unsupported(monkeypatch):
@@ -126,6 +121,7 @@ def test_pallas_declares_its_causal_lengths_tf32_and_turns_a_shared_memory_refus
 
     impl = load_implementation("builtin:jax_pallas_flash")
     q, k, v, _ = make_case(1, 2, 2, 256, 128, 16, 16)
+
     def outside(**kwargs):  # the region's verdict (this machine has no cuda device to run it on)
         return impl.region.why_outside({**shape_facts("sdpa", {"q": q, "k": k, "v": v, **kwargs}), "dtype": "float16",
                                         "device": "cuda"})
