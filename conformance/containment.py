@@ -30,7 +30,7 @@ from attention_conformance.implementations._registry import LAYOUT_SHAPES
 
 from .cases import Case
 from .expected import canonical_output, contract_shape
-from .time_limit import running_test
+from .time_limit import running_test, waiting_for
 
 # The clause a wrong output shape breaks, by operation (sdpa.output-shape for sdpa).
 SHAPE_CLAUSES = {"multi_head_attention": "mha.shapes", "sdpa_varlen": "varlen.output-shape",
@@ -192,12 +192,15 @@ def _call_in_thread(impl, label: str, limit: float, fn, args, kwargs) -> dict:
         return outcome
     started = time.monotonic()
     done = runner.submit(target)
+    waiting_for((impl.name, label, started))
     try:
         returned = done.acquire(timeout=limit)
     except BaseException:  # pytest-timeout or Ctrl-C interrupted the wait: the call may still be running
         if not done.acquire(blocking=False):
             impl.hung_on, impl.hung_call = (label, time.monotonic() - started), (done, running_test())
         raise
+    finally:
+        waiting_for(None)
     if not returned:
         impl.hung_on, impl.hung_call = (label, limit), (done, running_test())
         return {}

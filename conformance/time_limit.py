@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 REPEAT_S = 2.0  # after the limit, raise again this often while the test function still runs
 _RUNNING: dict = {"item": None}  # the item whose test function (pytest_runtest_call) is running
+# The implementation call the test is waiting for (containment._call_in_thread): (implementation, case, start time).
+_WAITING: dict = {"call": None}
 
 
 class TimeLimitExceeded(BaseException):
@@ -32,6 +35,10 @@ def message(seconds: float, nodeid: str = "") -> str:
     text = (f"Timeout: the test ran past the per-test time limit of {seconds:g} s (pytest-timeout's --timeout, or a "
             "timeout marker; the stacks of any other threads are printed above). A property test stops here, "
             "without shrinking further")
+    waiting = _WAITING["call"]
+    if waiting is not None:  # what the limit interrupted: on a GPU, a compile (torch_flex: 85 s in Triton)
+        name, label, started = waiting
+        text += f". It was waiting {time.monotonic() - started:.1f} s for a call of {name} on case {label}"
     failed = _failed_before(nodeid) if nodeid else []
     if failed:
         text += (f". Before the limit, {len(failed)} case(s) of this test failed (in the report); the last:\n"
@@ -59,6 +66,12 @@ def call_started(item) -> None:
 def call_ended(item) -> None:
     if _RUNNING["item"] is item:
         _RUNNING["item"] = None
+
+
+def waiting_for(call: tuple | None) -> None:
+    """The implementation call the running test now waits for, (name, case label, time.monotonic() at its start), or
+    None: named in the message of a limit that interrupts the wait."""
+    _WAITING["call"] = call
 
 
 def running_test() -> str | None:

@@ -63,3 +63,19 @@ def test_a_property_of_the_suite_timed_out_in_its_random_examples_is_not_called_
     assert "the test ran past the per-test time limit of 6 s" in done.stdout
     assert "Flaky" not in done.stdout and "Failed to reproduce" not in done.stdout
     assert seconds < 6 + SLACK_S, f"{seconds:.2f} s against a limit of 6 s"
+
+
+def test_the_limit_names_the_call_it_interrupted():
+    """On an H200 the limit stopped two torch_flex tests inside a compile: its message named neither the case nor the
+    implementation. Now it names the call the test was waiting for, and nothing once that call returned."""
+    import time
+
+    from attention_conformance.conformance import time_limit
+
+    time_limit.waiting_for(("torch_flex", "B1 Hq2/Hkv2 Lq65 Lk65 Dk256 Dv256 mask=bool-full", time.monotonic() - 85.0))
+    try:
+        text = time_limit.message(120)
+    finally:
+        time_limit.waiting_for(None)
+    assert "It was waiting 85." in text and "for a call of torch_flex on case B1 Hq2/Hkv2 Lq65 Lk65 Dk256" in text
+    assert "waiting" not in time_limit.message(120)
