@@ -353,9 +353,12 @@ def terminal_lines(merged: dict) -> list[str]:
 
 
 def exit_status(merged: dict) -> int:
+    """1 where the coverage rule fails or a shard's report is missing; 2 where a report says its run stopped early
+    (interrupted, as that run's own exit status says: the rule could not be applied to it, so the gate cannot pass
+    it); else 0. Failures are the runners' own exit statuses, not the merge's."""
     if missing_shards(merged) or any(entry["fails"] for entry in merged["coverage"]):
         return 1
-    return 0
+    return 0 if merged["complete"] else 2
 
 
 def _parser() -> argparse.ArgumentParser:
