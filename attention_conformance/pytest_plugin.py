@@ -205,8 +205,8 @@ def pytest_cmdline_main(config):
             or hasattr(config, "workerinput"):  # a worker's numprocesses is None: it must not start workers of its own
         return
     args = config.invocation_params.args
-    if _names_workers(args) or not engaged(config) or config.getoption("usepdb", False):
-        return
+    if _names_workers(args) or not engaged(config):
+        return  # (with --pdb, xdist turns "auto" into one process itself)
     config.option.numprocesses = "auto"
     if not _names_distribution(args) and config.option.dist == "no":
         config.option.dist = "worksteal"

@@ -273,7 +273,7 @@ def sdpa_with_allowed(q, k, v, mask=None, is_causal=False, scale=None, dtype: st
     declares TF32 float32 matmuls.
     """
     p = _problem(q, k, v, mask, is_causal, scale)
-    per_element = tolerances.is_sixteen_bit(dtype) or (tf32 and dtype == "float32")  # spec/tolerances.yaml, tf32
+    per_element = tolerances.is_sixteen_bit(dtype) or tf32  # TF32 takes the 16-bit model (spec/tolerances.yaml, tf32)
     ctx = None if per_element else _allowed_context(p, dtype, policy)
     expected = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))
     allowed = np.empty(p.q.shape[:-1] + (p.v.shape[-1],))

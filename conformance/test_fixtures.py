@@ -59,10 +59,10 @@ def judge_fixture(judge: Judge, fx: Fixture) -> None:
     # the printed values of onnx-attention-4d-gqa-scaled, atol 3.4e-6). A counterexample keeps its own atol: a wider
     # one would only make a correct result look like it.
     tf32_example = judge.tf32 and fx.kind == "example"
-    slack = np.broadcast_to(judge.allowed(case, inputs, judge.policy(case, inputs)), got.shape) if tf32_example else 0.0
+    slack = contract_output(fx.op, np.broadcast_to(judge.allowed(case, inputs, judge.policy(case, inputs)),
+                                                   got.shape)) if tf32_example else 0.0
     # The judge's form of sdpa_varlen's rows back to the contract's (total_q, Hq, Dv), as printed.
     got, declared = contract_output(fx.op, got), contract_output(fx.op, declared)
-    slack = contract_output(fx.op, slack) if tf32_example else slack
     within = within_printed(fx, got, slack) | declared  # sdpa.varlen's padding rows are unspecified: not compared
     if fx.kind == "example" and not within.all():
         index = tuple(int(i) for i in np.argwhere(~within)[0])
