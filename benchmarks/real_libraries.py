@@ -36,6 +36,7 @@ ADAPTERS = (
     ("hf_eager_attention", "transformers", "transformers"),
     ("hf_sdpa_attention", "transformers", "transformers"),
     ("pallas_flash_interpret", "jax", "jax.experimental.pallas"),
+    ("fla_parallel_attn_interpret", "fla-core", "fla.ops.attn.parallel"),
 )
 
 

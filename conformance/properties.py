@@ -94,7 +94,8 @@ def applicability(requires=None, derives: tuple[DerivedCase, ...] = ()):
         why = requires(impl) if requires else None
         if why or not impl.implements("sdpa"):
             return why
-        return next((r for r in (d.leaves(impl.region) for d in derives) if r), None)
+        keywords = impl.accepted_keywords("sdpa")
+        return next((r for r in (d.leaves(impl.region, keywords) for d in derives) if r), None)
 
     return reason
 

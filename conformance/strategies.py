@@ -80,9 +80,13 @@ class DerivedCase:
             derived["variants"] = tuple(v for v in derived.get("variants", ()) if v not in self.drops)
         return derived
 
-    def leaves(self, region: Region) -> str | None:
-        """Why no derived case can lie inside ``region`` (its declared keys; supports() is asked per draw)."""
+    def leaves(self, region: Region, keywords=None) -> str | None:
+        """Why no derived case can lie inside ``region`` (its declared keys; supports() is asked per draw) or fit a
+        signature that accepts ``keywords`` (None: any): a derived case with a mask needs a ``mask`` parameter."""
         reason = region.why_outside({"op": "sdpa", **self.sets}, ask_supports=False)
+        if not reason and keywords is not None and "mask" not in keywords \
+                and self.sets.get("mask_kind", "none") != "none":
+            reason = "the signature has no 'mask' parameter"
         return f"derived case leaves the region: {self.what}: {reason}" if reason else None
 
 

@@ -8,7 +8,8 @@ the file named by $REGION_STANDIN_LOG, so the self-check counts calls per test a
 - ``EqualLengths``: the Triton tutorial kernel's region, Lq == Lk (SUPPORTS equal_lengths);
 - ``MasksNone``: no mask, causal only with Lq <= Lk, positive scales (SUPPORTS masks, causal, scale);
 - ``EvenKeys``: a region only its supports(facts) knows: Lk even, more than one query head;
-- ``KeyLengthsOnly``: key_lengths but no query_lengths in its signature (variant cases draw no query_lengths).
+- ``KeyLengthsOnly``: key_lengths but no query_lengths in its signature (variant cases draw no query_lengths);
+- ``NoMaskParameter``: no ``mask`` in its signature and no "masks" declared (fla's parallel_attn adapter).
 
 Run them as ``--impl tests.region_standins:EqualLengths`` from the repository root.
 """
@@ -64,6 +65,16 @@ class MasksNone:
                         or (is_causal and q.shape[-2] > k.shape[-2] and "causal with Lq > Lk")
                         or (scale is not None and scale <= 0 and f"scale {scale}"))
         return ref.sdpa(q, k, v, mask, is_causal, scale)
+
+
+class NoMaskParameter:
+    NAME = "standin_no_mask_parameter"
+    DTYPES = ("float64",)
+
+    @staticmethod
+    def sdpa(q, k, v, is_causal=False, scale=None):
+        _log(NoMaskParameter.NAME, q, k, None, is_causal, scale)
+        return ref.sdpa(q, k, v, None, is_causal, scale)
 
 
 class EvenKeys:

@@ -304,6 +304,13 @@ def test_a_draw_supports_refuses_is_filtered_while_drawing_not_called():
     shifted = DerivedCase("adds a float mask", sets={"mask_kind": "float"})
     assert shifted.leaves(parse_region({"masks": ["none"]})).startswith("derived case leaves the region: adds a float")
     assert shifted.leaves(region) is None
+    # ... and so is one whose mask the signature cannot take (a kernel without a mask parameter that declares no
+    # "masks": fla's parallel_attn adapter had 452 examples of test_shift_invariance drawn, each unsupported).
+    assert shifted.leaves(region, {"q", "k", "v", "is_causal", "scale"}).endswith(
+        "adds a float mask: the signature has no 'mask' parameter")
+    assert shifted.leaves(region, {"q", "k", "v", "mask", "is_causal", "scale"}) is None
+    assert shifted.leaves(region, None) is None  # **kwargs: any keyword
+    assert DerivedCase("runs it causal", sets={"is_causal": True}).leaves(region, {"q", "k", "v"}) is None
 
 
 # Calls each property makes per example (the stand-ins log every call); batch_and_heads: the case, then each
@@ -322,11 +329,11 @@ def _calls_per_example(test: str, label: str) -> int:
 
 def test_narrow_regions_lose_no_generated_case_and_no_call(tmp_path):
     """Kernels declaring Lq == Lk, no masks (with causal Lq <= Lk and positive scales), a region only supports()
-    knows, and key_lengths without query_lengths: no generated case is unsupported, every call is of a judged case
+    knows, key_lengths without query_lengths, and no mask parameter: no generated case is unsupported, every call is of a judged case
     (calls counted per test against the cases judged), and a property whose derived case leaves the region is
     skipped before any call, saying so."""
     log, report = tmp_path / "calls.jsonl", tmp_path / "report.json"
-    names = ("EqualLengths", "MasksNone", "EvenKeys", "KeyLengthsOnly")
+    names = ("EqualLengths", "MasksNone", "EvenKeys", "KeyLengthsOnly", "NoMaskParameter")
     impls = [arg for name in names for arg in ("--impl", f"tests.region_standins:{name}")]
     done = pytest_run("conformance/test_properties.py", "conformance/test_variants.py", *impls, "-rs",
                       "-k", " or ".join([*CALLS_PER_EXAMPLE, "test_batch_and_heads_independent", "test_varlen"]),
@@ -346,9 +353,12 @@ def test_narrow_regions_lose_no_generated_case_and_no_call(tmp_path):
     assert calls == expected  # every call belongs to a judged case: none was discarded
     assert calls["standin_equal_lengths", "test_shift_invariance"] > 0
     assert ("standin_masks_none", "test_shift_invariance") not in calls
+    assert ("standin_no_mask_parameter", "test_shift_invariance") not in calls
     skipped = done.stdout.split("short test summary info")[-1]
     assert "derived case leaves the region: adds a float mask to every score: a float mask (declared masks: none)" \
         in skipped
+    assert "derived case leaves the region: adds a float mask to every score: the signature has no 'mask' " \
+           "parameter" in skipped
     assert "derived case leaves the region: runs each batch and head alone: outside the implementation's " \
            "supports(): one query head (for every draw; nothing was called)" in skipped
     assert "standin_key_lengths_only.sdpa has no 'query_lengths' parameter" in skipped  # test_varlen needs both
