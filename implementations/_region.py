@@ -9,7 +9,7 @@ optional)::
         "head_dims": {"min": 16, "max": 256, "multiple": 8},   # Dk (and Dv); or a list [64, 128]
         "value_head_dim": "same",        # "same" (Dv == Dk) or "any" (default)
         "lengths": {"min": 1, "max": 4096, "multiple": 1},      # Lq and Lk
-        "equal_lengths": True,           # Lq == Lk only (default False)
+        "equal_lengths": True,           # Lq == Lk only (default False); packed or paged: every sequence's
         "masks": ["none", "bool", "float"],                     # mask kinds it takes (default all)
         "causal": True,                  # accepts is_causal=True (default True); False; or only with
                                          # "lq<=lk", "lq>=lk" or "lq==lk"
@@ -187,6 +187,8 @@ class Region:
             return f"a {facts['mask_kind']} mask (declared masks: {', '.join(self.masks)})"
         if self.equal_lengths and "Lq" in facts and "Lk" in facts and facts["Lq"] != facts["Lk"]:
             return f"Lq {facts['Lq']} != Lk {facts['Lk']} (declared equal_lengths: True)"
+        if self.equal_lengths and facts.get("equal_sequences") is False:  # packed or paged: each sequence's own
+            return "a sequence with Lq_b != Lk_b (declared equal_lengths: True)"
         if facts.get("is_causal") and not self.causal:
             return "is_causal=True (declared causal: False)"
         if facts.get("is_causal") and "Lq" in facts and "Lk" in facts \
@@ -342,7 +344,8 @@ def shape_facts(op: str, inputs: dict) -> dict:
 def sequence_facts(op: str, inputs: dict) -> dict:
     """The shape facts of an sdpa_varlen or sdpa_paged case: B the sequences, Hq, Hkv, Dk, Dv, and Lq, Lk the longest
     sequence's query and key lengths (what a kernel's lengths declaration is about: a packed batch is run sequence
-    by sequence); sdpa_paged adds block_size, sdpa_varlen total_q and total_k (the packed rows)."""
+    by sequence); sdpa_paged adds block_size, sdpa_varlen total_q and total_k (the packed rows); equal_sequences:
+    whether every sequence has as many queries as keys (equal_lengths is about each sequence)."""
     import numpy as np  # noqa: PLC0415 -- facts of packed batches only
 
     q, k_name = inputs["q"], "k" if op == "sdpa_varlen" else "k_cache"
@@ -354,7 +357,7 @@ def sequence_facts(op: str, inputs: dict) -> dict:
         lengths_q = np.diff(starts_q)
         return dict(B=len(starts_q) - 1, Hq=q.shape[1], Hkv=k.shape[1], Lq=int(lengths_q.max(initial=0)),
                     Lk=int(np.max(used, initial=0)), Dk=q.shape[-1], Dv=v.shape[-1], total_q=q.shape[0],
-                    total_k=k.shape[0])
+                    total_k=k.shape[0], equal_sequences=bool(np.array_equal(lengths_q, used)))
     used = np.asarray(inputs["seqused_k"]).reshape(-1)
     return dict(B=q.shape[0], Hq=q.shape[1], Hkv=k.shape[2], Lq=q.shape[2], Lk=int(np.max(used, initial=0)),
-                Dk=q.shape[-1], Dv=v.shape[-1], block_size=k.shape[1])
+                Dk=q.shape[-1], Dv=v.shape[-1], block_size=k.shape[1], equal_sequences=bool((used == q.shape[2]).all()))

@@ -126,6 +126,35 @@ def test_packed_corners_hold_empty_sequences_and_more_queries_than_keys():
         assert a["max_seqlen_q"] == lq.max() and a["max_seqlen_k"] == lk.max()
 
 
+def test_equal_lengths_holds_for_every_packed_sequence():
+    """A kernel declaring equal_lengths runs a packed batch with one cu_seqlens for queries and keys (fla's
+    parallel_attn): every sequence is drawn with Lq_b == Lk_b, not only the longest, and a property that needs a
+    sequence with Lq_b != Lk_b is outside its region."""
+    from hypothesis import HealthCheck, given, settings
+
+    from attention_conformance.conformance.strategies import drawing_inside
+    from attention_conformance.implementations._region import parse_region
+
+    region, drawn = parse_region({"equal_lengths": True}), []
+
+    @settings(max_examples=60, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=varlen_cases())
+    def draw(case):
+        drawn.append(case)
+
+    with drawing_inside(region, {"dtype": "float64", "device": "cpu"}, (), None):
+        draw()
+        corners = [case for case in _corners(varlen_cases()) if case is not None]
+        with pytest.raises(pytest.skip.Exception, match=r"Lq_b != Lk_b \(declared equal_lengths: True\)"):
+            DeterministicDraw(0)(varlen_cases(unequal=True))
+    for case in drawn + corners:
+        a = case.inputs
+        used = np.diff(a["cu_seqlens_k"]) if a.get("seqused_k") is None else a["seqused_k"]
+        assert np.array_equal(np.diff(a["cu_seqlens_q"]), used), case.label
+    assert len(drawn) > 20 and len(corners) == len(covering_hints(EVERYTHING, True))
+    assert any(len(np.unique(np.diff(c.inputs["cu_seqlens_q"]))) > 1 for c in drawn)  # still varied lengths
+
+
 def test_paged_corners_hold_page_boundaries_shared_pages_and_garbage():
     seen = {"boundary at the last key": 0, "partial last page": 0, "shared page": 0, "empty cache": 0}
     for case in _corners(paged_cases()):
