@@ -37,6 +37,7 @@ ADAPTERS = (
     ("hf_sdpa_attention", "transformers", "transformers"),
     ("pallas_flash_interpret", "jax", "jax.experimental.pallas"),
     ("fla_parallel_attn_interpret", "fla-core", "fla.ops.attn.parallel"),
+    ("liger_softmax_interpret", "liger-kernel", "liger_kernel.ops.softmax"),
 )
 
 
