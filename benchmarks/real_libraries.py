@@ -38,6 +38,7 @@ ADAPTERS = (
     ("pallas_flash_interpret", "jax", "jax.experimental.pallas"),
     ("fla_parallel_attn_interpret", "fla-core", "fla.ops.attn.parallel"),
     ("liger_softmax_interpret", "liger-kernel", "liger_kernel.ops.softmax"),
+    ("liger_neighborhood_attention_interpret", "liger-kernel", "liger_kernel.ops.fused_neighborhood_attention"),
 )
 
 

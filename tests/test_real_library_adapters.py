@@ -117,8 +117,10 @@ def test_an_installed_adapter_loads_through_the_registry(name, listed):
 
     impl = load_implementation(f"examples.{name}")
     assert describe_lines(impl)[0].split()[0] in listed
-    expected = ("bhld", "blhd") if name in OUTPUT_IN_ANOTHER_LAYOUT else ("blhd", "blhd")
-    assert (impl.layout, impl.result_layout) == (expected if _takes_heads(ast.parse(_source(name)))
-                                                 else ("bhld", "bhld"))
+    tree = ast.parse(_source(name))
+    layout = _assigned(tree, "LAYOUT")
+    layout = "bhld" if layout is None else layout.value
+    expected = (layout, "blhd") if name in OUTPUT_IN_ANOTHER_LAYOUT else (layout, layout)
+    assert (impl.layout, impl.result_layout) == expected
     assert all(entry["when"].__module__ == deviations.__name__ for entry in impl.known_deviations)
     assert f"examples.{name}" in listed and f"known deviations: {len(impl.known_deviations)}" in listed
