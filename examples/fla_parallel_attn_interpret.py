@@ -24,13 +24,16 @@ def supports(facts):
         return "parallel_attn is causal attention only"
 
 
-def sdpa(q, k, v, is_causal=False, scale=None, *, window=None, learnable_sink=None, cu_seqlens=None):
+def _attend(q, k, v, scale, window, learnable_sink, cu_seqlens=None):
     left = None if window is None else window[0]  # W keeps keys i - W + 1 .. i: the contract's (W - 1, 0)
     return parallel_attn(q, k, v, scale=scale, window_size=None if left is None else left + 1, sink_bias=learnable_sink,
                          cu_seqlens=cu_seqlens)
 
 
+def sdpa(q, k, v, is_causal=False, scale=None, *, window=None, learnable_sink=None):
+    return _attend(q, k, v, scale, window, learnable_sink)
+
+
 def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None, *,
                 window=None, learnable_sink=None):  # one cu_seqlens for both (SUPPORTS equal_lengths), batch 1
-    return sdpa(q[None], k[None], v[None], is_causal, scale, window=window, learnable_sink=learnable_sink,
-                cu_seqlens=cu_seqlens_q.long())[0]
+    return _attend(q[None], k[None], v[None], scale, window, learnable_sink, cu_seqlens_q.long())[0]
