@@ -991,7 +991,7 @@ def varlen_cases(draw, *, clauses=("varlen.definition",), causal=st.booleans(), 
         # Lq_b == Lk_b for every sequence, as a kernel with one cu_seqlens for queries and keys runs them (packed
         # self-attention: fla's parallel_attn); the declaration is about each sequence, not only the longest.
         if unequal:
-            _outside_region("a sequence with Lq_b != Lk_b (declared equal_lengths: True)")
+            _outside_region(region.why_outside({"is_causal": is_causal, "equal_sequences": False}, ask_supports=False))
         pairs = [(lq, lq) for lq, _ in pairs]
     use_seqused = (keywords is None or "seqused_k" in keywords) and draw(seqused, label="seqused_k")
     slack = [draw(st.integers(0, 2), label="unused keys") if use_seqused else 0 for _ in range(b)]

@@ -187,8 +187,11 @@ class Region:
             return f"a {facts['mask_kind']} mask (declared masks: {', '.join(self.masks)})"
         if self.equal_lengths and "Lq" in facts and "Lk" in facts and facts["Lq"] != facts["Lk"]:
             return f"Lq {facts['Lq']} != Lk {facts['Lk']} (declared equal_lengths: True)"
-        if self.equal_lengths and facts.get("equal_sequences") is False:  # packed or paged: each sequence's own
-            return "a sequence with Lq_b != Lk_b (declared equal_lengths: True)"
+        if facts.get("equal_sequences") is False:  # packed or paged: each sequence's own lengths
+            if self.equal_lengths:
+                return "a sequence with Lq_b != Lk_b (declared equal_lengths: True)"
+            if facts.get("is_causal") and self.causal_lengths == "lq==lk":
+                return "is_causal=True with a sequence of Lq_b != Lk_b (declared causal: 'lq==lk')"
         if facts.get("is_causal") and not self.causal:
             return "is_causal=True (declared causal: False)"
         if facts.get("is_causal") and "Lq" in facts and "Lk" in facts \

@@ -144,14 +144,18 @@ def test_equal_lengths_holds_for_every_packed_sequence():
 
     with drawing_inside(region, {"dtype": "float64", "device": "cpu"}, (), None):
         draw()
-        corners = [case for case in _corners(varlen_cases()) if case is not None]
+        corners = _corners(varlen_cases())
         with pytest.raises(pytest.skip.Exception, match=r"Lq_b != Lk_b \(declared equal_lengths: True\)"):
             DeterministicDraw(0)(varlen_cases(unequal=True))
     for case in drawn + corners:
         a = case.inputs
         used = np.diff(a["cu_seqlens_k"]) if a.get("seqused_k") is None else a["seqused_k"]
         assert np.array_equal(np.diff(a["cu_seqlens_q"]), used), case.label
-    assert len(drawn) > 20 and len(corners) == len(covering_hints(EVERYTHING, True))
+    assert len(drawn) > 20
+    causal_equal = parse_region({"causal": "lq==lk"})  # the same of causal sequences, for a kernel declaring that
+    assert "Lq_b != Lk_b (declared causal: 'lq==lk')" in causal_equal.why_outside(
+        {"is_causal": True, "equal_sequences": False})
+    assert causal_equal.why_outside({"is_causal": False, "equal_sequences": False}) is None
     assert any(len(np.unique(np.diff(c.inputs["cu_seqlens_q"]))) > 1 for c in drawn)  # still varied lengths
 
 
