@@ -111,10 +111,12 @@ def call_with_limit(impl: Implementation, label: str, fn, *args, limit=_USE_THE_
             # A first call per input signature compiles (inductor on a GPU machine busy with 16 workers took
             # over 30 s for torch_flex); a compiling implementation gets COMPILED_CALL_ALLOWANCE times the limit.
             limit *= COMPILED_CALL_ALLOWANCE
-        if limit is None:
-            return fn(*args, **kwargs)
-        outcome = _call_in_thread(impl, label, limit, fn, args, kwargs)
+        outcome = _call_here(fn, args, kwargs) if limit is None else _call_in_thread(impl, label, limit, fn, args,
+                                                                                     kwargs)
         if "error" in outcome:
+            refusal = impl.refusal(outcome["error"])
+            if refusal:  # REFUSALS: the compiler refused the program, which is no wrong result
+                raise NotImplementedError(refusal) from outcome["error"]
             raise outcome["error"]
         if "result" in outcome:
             return outcome["result"]
@@ -172,6 +174,14 @@ def _call_thread(impl) -> CallThread:
     if runner is None:
         runner = impl.call_thread = CallThread(impl)
     return runner
+
+
+def _call_here(fn, args, kwargs) -> dict:
+    """{"result": ...} or {"error": exc}: the call without a time limit (--call-timeout 0)."""
+    try:
+        return {"result": fn(*args, **kwargs)}
+    except Exception as exc:  # contained as _call_in_thread contains it
+        return {"error": exc}
 
 
 def _call_in_thread(impl, label: str, limit: float, fn, args, kwargs) -> dict:

@@ -106,6 +106,7 @@ class Implementation:
     compiled: bool = False  # compiles per input signature (ARRAY="jax", COMPILED=True): fewer examples
     gradients: bool = True  # GRADIENTS=False: a forward-only sdpa, to which the gradient tests do not apply
     fp8_output_dtype: str = "bfloat16"  # FP8_OUTPUT_DTYPE: the output dtype of its 8-bit cases
+    refusals: tuple[str, ...] = ()  # REFUSALS: texts of errors by which its compiler refuses a program
     _signatures: dict = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -115,6 +116,14 @@ class Implementation:
         printer.text(repr(self))
 
     # ------------------------------------------------------------------ facts
+    def refusal(self, exc: BaseException) -> str | None:
+        """The first line of ``exc`` where its text holds one of REFUSALS (a compiler refusing the program, in the
+        call or in its gradients): the case is unsupported with that reason, not failed. None otherwise."""
+        text = f"{type(exc).__name__}: {exc}"
+        if not any(sign in text for sign in self.refusals):
+            return None
+        return f"{self.name} refused the program ({text.strip().splitlines()[0][:300]})"
+
     @property
     def skip_reason(self) -> str | None:
         """Why every case is skipped (the framework cannot be imported), or None.
@@ -344,6 +353,7 @@ class Implementation:
             "float32_matmul": {d: self.float32_matmul.get(d, "ieee") for d in device_names()},
             "gradients": self.gradients,
             **({"fp8_output_dtype": self.fp8_output_dtype} if any(map(is_eight_bit, self.dtypes)) else {}),
+            **({"refusals": list(self.refusals)} if self.refusals else {}),
             "skip_reason": self.skip_reason,
         }
 
@@ -484,6 +494,10 @@ def from_object(obj, name: str, spec: str) -> Implementation:
     gradients = getattr(obj, "GRADIENTS", True)
     if not isinstance(gradients, bool):
         raise ImplementationLoadError(f"{spec}: GRADIENTS must be True or False, got {gradients!r}")
+    refusals = getattr(obj, "REFUSALS", ())
+    if isinstance(refusals, str) or not all(isinstance(sign, str) and sign for sign in refusals):
+        raise ImplementationLoadError(f"{spec}: REFUSALS must be a tuple of non-empty strings (texts of a compiler's "
+                                      f"refusal), got {refusals!r}")
     deviations = tuple(getattr(obj, "KNOWN_DEVIATIONS", ()))
     for index, deviation in enumerate(deviations):
         if not (isinstance(deviation, dict) and {"clause", "when", "reason"} <= set(deviation) and callable(deviation["when"])):
@@ -508,6 +522,7 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         compiled=array == "jax" or bool(getattr(obj, "COMPILED", False)),
         gradients=gradients,
         fp8_output_dtype=fp8_output,
+        refusals=tuple(refusals),
     )
     if not any(impl.implements(op) for op in OPERATIONS):
         raise ImplementationLoadError(f"{spec}: exposes none of {', '.join(OPERATIONS)}")

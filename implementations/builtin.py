@@ -830,6 +830,17 @@ class TorchCuDNNAttention(_TorchSDPAKernel):
     KNOWN_DEVIATIONS = TorchSDPA.KNOWN_DEVIATIONS + (CUDA_CUDNN_MASKED_BACKWARD_NAN,)
 
 
+def _sink_factor(lse, sink):
+    """Z / (Z + e^sigma) from the log-sum-exp lse = log Z and a learnable sink sigma: sigmoid(lse - sigma), each side
+    written so that the value and its gradient keep float32's relative accuracy. sigmoid(lse - sigma) alone rounds to
+    1 once the sink's weight P = sigmoid(sigma - lse) is below 2^-24, and its backward, y (1 - y) from that rounded y,
+    gave dsink = 0 where the analytic one was -2.6e-16 (H200, torch_flex float32, allowed 7e-20). Where lse >= sigma
+    this takes 1 - P, whose backward P (1 - P) keeps P's accuracy; a row without keys (lse = -inf) gives 0."""
+    import torch
+
+    return torch.where(lse >= sink, 1 - torch.sigmoid(sink - lse), torch.sigmoid(lse - sink))
+
+
 class TorchFlexAttention:
     """torch.nn.attention.flex_attention compiled with torch.compile (its fused Triton kernel).
 
@@ -849,16 +860,20 @@ class TorchFlexAttention:
     ALWAYS_LSE = False  # ask flex for the log-sum-exp only where a learnable sink needs it
     _compiled = None
     # H200, torch 2.11+cu130, 16 workers on 16 cores (2026-11-27): compiling the float32 kernel at Dk 256 (Lq = Lk =
-    # 65) and at Dk 192 (Lq 1, Lk 256) was still in Triton's make_llir after 85 s and 120 s; every float16 and
-    # bfloat16 compile, and float32 up to Dk 128, returned.
-    FLOAT32_MAX_HEAD_DIM = 128
+    # 65) and at Dk 192 (Lq 1, Lk 256) was still in Triton's make_llir after 85 s and 120 s; in the next run one at
+    # Dk 112, Dv 80 (both padded to 128 in the kernel) after 92 s, and float32 properties took 56-117 s a test
+    # against 57-111 s for the 16-bit ones. Every float16 and bfloat16 compile returned.
+    FLOAT32_MAX_HEAD_DIM = 64
+    # Triton refusing a kernel whose tiles need more shared memory than the GPU has (H200, torch 2.11: the float16
+    # backward at Dk 128, Dv 192 asked 246784 bytes of 232448): unsupported, as torch's "No available kernel" is.
+    REFUSALS = ("out of resource",)
 
     @classmethod
     def supports(cls, facts):
         # On cuda only: the eager CPU subclass compiles no Triton kernel.
         if facts.get("device") == "cuda" and facts.get("dtype") == "float32" \
                 and max(facts["Dk"], facts["Dv"]) > cls.FLOAT32_MAX_HEAD_DIM:
-            return (f"float32 at head dims above {cls.FLOAT32_MAX_HEAD_DIM}: its Triton compile ran past 120 s on an "
+            return (f"float32 at head dims above {cls.FLOAT32_MAX_HEAD_DIM}: its Triton compile ran past 90 s on an "
                     "H200 (torch 2.11)")
         return None
 
@@ -883,6 +898,11 @@ class TorchFlexAttention:
         import torch
 
         left, right = window if window is not None else (None, None)
+        # softcap as a 0-d tensor the score_mod captures, not a Python float: once a second softcap value reaches
+        # the compiled flex, dynamo passes the float as an unspecialized scalar, which inductor's flex lowering
+        # cannot take (torch 2.11 on an H200 and 2.13 on a CPU: "LoweringException: RuntimeError:
+        # unbacked_bindings" from the second value on; a captured tensor compiles once and is reused).
+        cap = None if softcap is None else torch.tensor(float(softcap), dtype=torch.float32, device=q.device)
         mask_mod = score_mod = None
         if is_causal or keep is not None or window is not None or lengths is not None or chunk is not None \
                 or pads is not None:
@@ -907,8 +927,8 @@ class TorchFlexAttention:
 
         if softcap is not None or slopes is not None or bias is not None:
             def score_mod(score, bi, h, qi, ki):
-                if softcap is not None:
-                    score = torch.tanh(score / softcap) * softcap
+                if cap is not None:
+                    score = torch.tanh(score / cap) * cap
                 if slopes is not None:
                     score = score - slopes[bi, h] * (qi + offset - ki).abs()
                 if bias is not None:
@@ -930,7 +950,8 @@ class TorchFlexAttention:
         # Every variant is flex's own: the causal band (offset), the window with its sink tokens, the chunk, key
         # lengths, the left padding and a boolean mask are one mask_mod (a BlockMask); softcap, ALiBi and a float
         # mask one score_mod, in the contract's order. The learnable sink, which is no key, rescales flex's output
-        # by its log-sum-exp: o * Z / (Z + e^sigma) = o * sigmoid(lse - sigma) (a row without keys: lse = -inf, 0).
+        # by its log-sum-exp: o * Z / (Z + e^sigma) = o * sigmoid(lse - sigma) (a row without keys: lse = -inf, 0;
+        # _sink_factor).
         import torch
 
         b, hq, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
@@ -964,7 +985,7 @@ class TorchFlexAttention:
         if learnable_sink is None:
             return out
         sink = _sink_4d(learnable_sink, hq)[..., 0].to(device=lse.device, dtype=lse.dtype)  # (1, Hq, 1)
-        return (out * torch.sigmoid(lse - sink)[..., None].to(out.dtype)).to(q.dtype)
+        return (out * _sink_factor(lse, sink)[..., None].to(out.dtype)).to(q.dtype)
 
 
 NEUTRAL_MASK_ELEMENTS = 2**22  # torch_flex_cpu: the largest neutral mask or bias it builds (4 M elements)
@@ -1138,7 +1159,7 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
         if learnable_sink is None:
             return out
         sink = _sink_4d(learnable_sink, hq)[..., 0].to(device=aux.lse.device, dtype=aux.lse.dtype)
-        return (out * torch.sigmoid(aux.lse - sink)[..., None].to(out.dtype)).to(q.dtype)
+        return (out * _sink_factor(aux.lse, sink)[..., None].to(out.dtype)).to(q.dtype)
 
     @classmethod
     def sdpa_varlen(cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,

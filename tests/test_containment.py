@@ -472,3 +472,74 @@ def test_the_large_shape_judge_refuses_nan_without_the_full_oracle(kept_records,
     finite = make_case(Shape("tiny", 1, 2, 1, 5, 7, 4, "key-padding", False, ("sdpa.definition",)))
     got, inputs = judge.run(finite)
     judge.judge(finite, got, inputs)
+
+
+# ------------------------------------------------------------------------ compiler refusals (REFUSALS)
+TRITON_REFUSAL = ("No valid triton configs. OutOfMemoryError: out of resource: triton_tem_fused_flex_attention_backward"
+                  "_mul_1 Required: 246784 Hardware limit:232448 Reducing block sizes or `num_stages` may help.")
+
+
+def refusing_torch(where: str, refusals: tuple[str, ...]):
+    """A torch sdpa (torch_math's) whose forward or backward raises Triton's shared-memory refusal, as torch_flex's
+    backward did on an H200 at Dk 128, Dv 192 in float16; declaring ``refusals``."""
+    import torch
+
+    class Refused(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            if where == "forward":
+                raise RuntimeError(TRITON_REFUSAL)
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError(TRITON_REFUSAL)
+
+    class RefusingTorch:
+        NAME = "refusing_torch"
+        ARRAY = "torch"
+        REFUSALS = refusals
+
+        @staticmethod
+        def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                                   scale=scale)
+            return Refused.apply(out)
+
+    return from_object(RefusingTorch, "refusing_torch", "tests.test_containment:refusing_torch")
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_declared_compiler_refusal_is_unsupported_and_an_undeclared_one_fails(where, kept_records):
+    """REFUSALS: an error whose text holds a declared sign is the compiler refusing the program (the case is
+    unsupported, with the refusal as its reason), in the call and in its gradients; the same error undeclared, or
+    another error, fails the case."""
+    pytest.importorskip("torch")
+    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+
+    case = sdpa_case(("grad.sdpa-q",))
+    case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 1, 3, 2))
+
+    def verdict(refusals):
+        judge = GradientJudge(refusing_torch(where, refusals), "float64", "cpu")
+        judge_gradients(judge, case, case.rounded("float64"))
+
+    with pytest.raises(pytest.skip.Exception, match="refusing_torch refused the program .*out of resource"):
+        verdict(("out of resource",))
+    assert checks.RECORDS[-1].status == "unsupported" and "246784" in checks.RECORDS[-1].message
+    for refusals in ((), ("RESOURCE_EXHAUSTED",)):
+        with pytest.raises(ConformanceFailure, match="out of resource"):
+            verdict(refusals)
+
+
+@pytest.mark.parametrize("refusals", ["out of resource", ("",), (3,)])
+def test_refusals_must_be_a_tuple_of_texts(refusals):
+    class Declared:
+        REFUSALS = refusals
+
+        @staticmethod
+        def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+            return q
+
+    with pytest.raises(ImplementationLoadError, match="REFUSALS must be a tuple of non-empty strings"):
+        from_object(Declared, "declared", "x:Declared")

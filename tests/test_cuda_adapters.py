@@ -139,9 +139,10 @@ def test_pallas_declares_its_causal_lengths_tf32_and_turns_a_shared_memory_refus
         JaxPallasFlashAttention.sdpa(q, k, v)
 
 
-def test_flex_on_cuda_leaves_float32_head_dims_above_128_out_and_its_cpu_twin_keeps_them():
+def test_flex_on_cuda_leaves_float32_head_dims_above_64_out_and_its_cpu_twin_keeps_them():
     """Compiling flex's float32 kernel at Dk 192 and 256 ran past 120 s on an H200 (two tests failed as hangs, 80
-    cases after them failed without a call): outside torch_flex's region in float32 only, and only on cuda."""
+    cases after them failed without a call), and in the next run at Dk 112, Dv 80 past 92 s: outside torch_flex's
+    region in float32 only, and only on cuda."""
     from attention_conformance.implementations import load_implementation
 
     facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 65, "Lk": 65, "Dk": 256, "Dv": 256, "mask_kind": "bool",
@@ -149,8 +150,30 @@ def test_flex_on_cuda_leaves_float32_head_dims_above_128_out_and_its_cpu_twin_ke
     flex, flex_cpu = load_implementation("builtin:torch_flex"), load_implementation("builtin:torch_flex_cpu")
     assert "float32" in (flex.region.why_outside(facts) or "")
     assert flex.region.why_outside({**facts, "dtype": "bfloat16"}) is None
-    assert flex.region.why_outside({**facts, "Dk": 128, "Dv": 128}) is None
+    assert "float32" in (flex.region.why_outside({**facts, "Dk": 112, "Dv": 80}) or "")
+    assert flex.region.why_outside({**facts, "Dk": 64, "Dv": 64}) is None
     assert flex_cpu.region.why_outside({**facts, "device": "cpu"}) is None
+
+
+def test_flex_compiled_takes_a_new_softcap_without_recompiling_into_an_error(monkeypatch):
+    """H200, torch 2.11 (and this CPU, torch 2.13): a softcap the score_mod closed over as a Python float compiled
+    once; from the second value on dynamo passed it as an unspecialized scalar and inductor's flex lowering raised
+    "unbacked_bindings" (13 cases failed, forward and backward). torch.compile on the CPU lowers the same way
+    (inductor's C++ template): three softcaps in a row, each within the float32 allowance of the oracle."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from attention_conformance.implementations.builtin import TorchFlexAttention
+
+    monkeypatch.setattr(TorchFlexAttention, "_compiled", None)  # a fresh torch.compile, given back afterwards
+    for name in ("recompile_limit", "accumulated_recompile_limit"):  # which TorchFlexAttention._flex raises
+        monkeypatch.setattr(torch._dynamo.config, name, getattr(torch._dynamo.config, name))
+    as_torch = torch.from_numpy
+    for cap, length in ((30.0, 16), (20.0, 32), (7.0, 48)):
+        q, k, v, _ = make_case(1, 2, 2, length, length, 16, 16)
+        got = TorchFlexAttention.sdpa(as_torch(q), as_torch(k), as_torch(v), softcap=cap)
+        want = oracle.sdpa(q, k, v, None, False, None, softcap=cap)
+        allowed = tolerances.sdpa_allowed(q, k, v, None, False, None, "float32", softcap=cap)
+        assert np.all(np.abs(got.numpy().astype(np.float64) - want) <= allowed), cap
 
 
 def test_a_pinned_torch_kernel_refusal_is_unsupported_with_torch_s_own_reason():
@@ -194,3 +217,26 @@ def test_the_flash_kernel_declares_causal_for_equal_lengths_only():
     assert region.why_outside({**facts, "Lq": 64, "Lk": 128, "is_causal": True})
     assert region.why_outside({**facts, "Lq": 128, "Lk": 128, "is_causal": True}) is None
     assert region.why_outside({**facts, "Lq": 64, "Lk": 128, "is_causal": False}) is None
+
+
+def test_the_sink_factor_keeps_its_gradient_where_the_sink_weight_is_tiny():
+    """torch_flex rescales flex's output by Z / (Z + e^sigma) for a learnable sink. As sigmoid(lse - sigma) its
+    float32 backward was 0 once the sink's weight fell below 2^-24 (H200: dsink 0 against -2.6e-16, allowed 7e-20).
+    Value and d/dsigma, in float32, against float64 over the whole range, a row without keys included."""
+    torch = pytest.importorskip("torch")
+    from attention_conformance.implementations.builtin import _sink_factor
+
+    x = np.concatenate([np.linspace(-60.0, 60.0, 241), [37.0, -37.0]])  # lse - sigma
+    lse = torch.tensor(x, dtype=torch.float32)
+    sink = torch.zeros_like(lse, requires_grad=True)
+    factor = _sink_factor(lse, sink)
+    (grad,) = torch.autograd.grad(factor.sum(), sink)
+    exact = 1.0 / (1.0 + np.exp(-x.astype(np.float32).astype(np.float64)))  # sigmoid(lse - sigma)
+    exact_grad = -exact * (1.0 / (1.0 + np.exp(x.astype(np.float32).astype(np.float64))))  # -f P
+    u = np.finfo(np.float32).eps / 2
+    assert np.all(np.abs(factor.detach().numpy() - exact) <= 4 * u * exact)
+    assert np.all(np.abs(grad.numpy() - exact_grad) <= 8 * u * np.abs(exact_grad)), grad.numpy()[x == 37.0]
+    no_keys = torch.zeros(1, requires_grad=True)
+    empty = _sink_factor(torch.tensor([-np.inf]), no_keys)
+    (empty_grad,) = torch.autograd.grad(empty.sum(), no_keys)
+    assert float(empty) == 0.0 and float(empty_grad) == 0.0
