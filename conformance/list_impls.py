@@ -4,7 +4,7 @@ One block per implementation, its name and spec first. The first lines (array, D
 FULLY_MASKED_ROWS; declared deviations; operations; the region; TF32; the devices present) keep the
 order scripts read; then what else decides which cases it gets: the keywords each operation's signature
 accepts (a variant keyword it lacks makes those cases unsupported, one SUPPORTS does not list is not
-drawn), its declared DEVICES, LAYOUT, COMPILED, GRADIENTS, FLOAT32_MATMUL, and the KNOWN_DEVIATIONS count
+drawn), its declared DEVICES, LAYOUT, COMPILED, GRADIENTS, FLOAT32_MATMUL, any REFUSALS, and the KNOWN_DEVIATIONS count
 with the clauses they cover.
 """
 from __future__ import annotations
@@ -49,6 +49,8 @@ def describe_lines(impl: Implementation) -> list[str]:
                  f"FLOAT32_MATMUL={matmul}")
     if impl.implements("sdpa_varlen") or impl.implements("sdpa_paged"):
         lines.append(f"    SEQUENCE_ALIGNMENT={impl.sequence_alignment} (sdpa_varlen, sdpa_paged)")
+    if impl.refusals:
+        lines.append(f"    REFUSALS: {', '.join(repr(sign) for sign in impl.refusals)} (an error holding one: unsupported)")
     clauses = sorted({clause for dev in d["known_deviations"] for clause in dev["clause"].split(", ")})
     lines.append(f"    known deviations: {len(d['known_deviations'])}"
                  + (f" (clauses: {', '.join(clauses)})" if clauses else ""))

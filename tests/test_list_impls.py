@@ -19,6 +19,7 @@ class Declares:
     DEVICES = ("cpu",)
     COMPILED = True
     FLOAT32_MATMUL = {"cuda": "tf32"}
+    REFUSALS = ("out of resource",)
     SUPPORTS = {"equal_lengths": True, "causal": "lq<=lk", "scale": "positive", "masks": ["none", "bool"],
                 "variants": ["window", "key_lengths"]}
     KNOWN_DEVIATIONS = [
@@ -57,6 +58,7 @@ def test_the_listing_names_keywords_region_and_declarations():
         assert words in region, region
     declared = next(line for line in lines if line.startswith("DEVICES="))
     assert declared == "DEVICES=cpu LAYOUT=bhld COMPILED=True GRADIENTS=True FLOAT32_MATMUL=cpu: ieee, cuda: tf32"
+    assert lines[-2] == "REFUSALS: 'out of resource' (an error holding one: unsupported)"
     assert lines[-1] == "known deviations: 2 (clauses: sdpa.definition, sdpa.finite)"
 
 
