@@ -829,6 +829,22 @@ class TorchCuDNNAttention(_TorchSDPAKernel):
     SUPPORTS = {"head_dims": {"min": 8, "max": 256, "multiple": 8}, "value_head_dim": "same"}
     KNOWN_DEVIATIONS = TorchSDPA.KNOWN_DEVIATIONS + (CUDA_CUDNN_MASKED_BACKWARD_NAN,)
 
+    @classmethod
+    def supports(cls, facts):
+        # H200, torch 2.11 (2026-11-27, commit 18ea361): "No available kernel" for every case with one key (498 sdpa
+        # and 196 multi-head cases, forward and backward); no case with Lk 1 ran, 1,751 with Lk >= 2 did.
+        if facts["Lk"] < 2:
+            return "one key (Lk 1): torch's cuDNN backend refused every such case on an H200 (torch 2.11)"
+        return None
+
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
+        # cuDNN takes a 2-D or 4-D attn_mask only ("Please use the following attn mask shapes: 2d ... 4d ...", 98
+        # cases on an H200); a rank-3 mask (H|1, Lq, Lk) broadcasts as the same 4-D view (1, H|1, Lq, Lk).
+        if mask is not None and mask.dim() == 3:
+            mask = mask[None]
+        return super().sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+
 
 def _sink_factor(lse, sink):
     """Z / (Z + e^sigma) from the log-sum-exp lse = log Z and a learnable sink sigma: sigmoid(lse - sigma), each side
@@ -1338,6 +1354,15 @@ class JaxDotProductAttention:
     # bias -inf on every key is NaN, and one -inf on every key those removals leave attends the removed keys.
     KNOWN_DEVIATIONS = (deviations.large_finite_negative_mask_fill(note="jax 0.10.2, measured on CPU"),)
     FULLY_MASKED_ROWS = deviations.LARGE_FINITE_NEGATIVE_ROWS
+
+    @classmethod
+    def supports(cls, facts):
+        # H200, jax 0.11.2 (2026-11-27, commit 18ea361): XLA:GPU refused the float16 dot (XLA_GPU_DOT_REFUSAL) for
+        # 131 of the 131 float16 cases with one key, sdpa and multi-head, and ran none; 15 other float16 refusals
+        # (backward programs, Lk 5-65) follow no rule seen and stay unsupported at the call.
+        if facts.get("device") == "cuda" and facts.get("dtype") == "float16" and facts["Lk"] < 2:
+            return "float16 with one key (Lk 1) on cuda: XLA:GPU refused its dot in every such case (H200, jax 0.11.2)"
+        return None
 
     @staticmethod
     def softmax(x, axis=-1):

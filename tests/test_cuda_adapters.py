@@ -192,6 +192,48 @@ def test_a_pinned_torch_kernel_refusal_is_unsupported_with_torch_s_own_reason():
     assert not [w for w in escaped if "attention" in str(w.message).lower()]
 
 
+def test_the_cudnn_kernel_gets_a_rank_3_mask_as_4_d_and_declares_one_key_out(monkeypatch):
+    """On an H200 (torch 2.11) cuDNN refused every rank-3 attn_mask (98 cases: "Please use the following attn mask
+    shapes: 2d ... 4d") and every case with one key (694): the adapter hands a rank-3 mask over as its 4-D view, which
+    broadcasts the same, and the region leaves Lk 1 out (Lq 1 ran)."""
+    torch = pytest.importorskip("torch")
+    from attention_conformance.implementations import builtin, load_implementation
+
+    handed = {}
+
+    def kernel(q, k, v, mask=None, is_causal=False, scale=None):  # what the pinned backend would be called with
+        handed["mask"] = mask
+        return q
+
+    monkeypatch.setattr(builtin.TorchSDPA, "sdpa", kernel)
+    q, k, v, mask = make_case(2, 3, 3, 4, 6, 8, 8, mask="rank3")
+    builtin.TorchCuDNNAttention.sdpa(*(torch.from_numpy(a) for a in (q, k, v, mask)))
+    assert tuple(handed["mask"].shape) == (1, 3, 4, 6) and np.array_equal(handed["mask"][0].numpy(), mask)
+    assert np.array_equal(oracle.sdpa(q, k, v, mask), oracle.sdpa(q, k, v, mask[None]))
+    builtin.TorchCuDNNAttention.sdpa(*(torch.from_numpy(a) for a in (q, k, v, mask[0])))  # 2-D: as given
+    assert tuple(handed["mask"].shape) == (4, 6)
+
+    region = load_implementation("builtin:torch_sdpa_cudnn").region
+    facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 1, "Lk": 7, "Dk": 64, "Dv": 64, "mask_kind": "none",
+             "is_causal": False, "scale": None, "variants": (), "device": "cuda", "dtype": "float16"}
+    assert region.why_outside(facts) is None
+    assert "Lk 1" in (region.why_outside({**facts, "Lq": 7, "Lk": 1}) or "")
+
+
+def test_jax_dpa_declares_xla_gpu_s_float16_refusal_of_one_key_on_cuda_only():
+    """XLA:GPU refused jax_dpa's float16 dot in all 131 float16 cases with Lk 1 on an H200 (jax 0.11.2), and ran
+    none: outside its region there, in float16 on cuda only (the CPU declares float32 alone)."""
+    from attention_conformance.implementations import load_implementation
+
+    region = load_implementation("builtin:jax_dpa").region
+    facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 3, "Lk": 1, "Dk": 64, "Dv": 64, "mask_kind": "none",
+             "is_causal": False, "scale": None, "variants": (), "device": "cuda", "dtype": "float16"}
+    assert "Lk 1" in (region.why_outside(facts) or "")
+    assert region.why_outside({**facts, "Lk": 2}) is None
+    assert region.why_outside({**facts, "dtype": "bfloat16"}) is None
+    assert region.why_outside({**facts, "device": "cpu", "dtype": "float32"}) is None
+
+
 def test_the_memory_efficient_kernel_declares_its_16_byte_head_dims():
     """torch refused 12,538 of torch_sdpa_efficient's cases on an H200 for head dims not a multiple of 16 bytes (4
     in float32, 8 in 16 bits, Dk or Dv): declared, so that the suite draws cases it runs instead."""
