@@ -49,8 +49,9 @@ FLOOR_PER_PROPERTY = 12  # judged examples per forward property for a compiling 
 # (a Pallas-region stand-in at 12 judged 294 sdpa cases in a default run, its broken twins 182 and 294; at 20,
 # 640, 256 and 449).
 NARROW_FLOOR_PER_PROPERTY = 25
-# A brief covering set (gradients, dropout, variants, MHA): causal Lq < Lk with a negative scale, Lq > Lk
-# with scale 0 and a mask, causal Lq = Lk with Hkv = Hq (covering.CORNERS); one for compiling implementations.
+# A brief covering set (gradients, dropout, variants, MHA): causal Lq < Lk with a negative scale and grouped kv
+# heads, Lq > Lk with scale 0, a mask and one kv head, causal Lq = Lk with Hkv = Hq (covering.CORNERS); the first alone
+# for compiling implementations.
 BRIEF_CORNERS = (1, 2, 4)
 BRIEF_CORNERS_COMPILED = (1,)
 # ... and with kernel corners: the decode corner too (Lq 1 against 193 keys), where a split-KV path takes over.

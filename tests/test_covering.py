@@ -198,6 +198,24 @@ class _Compiling:
     compiled = True
 
 
+@pytest.mark.parametrize("region", [EVERYTHING, FLASH], ids=["everything", "flash"])
+def test_a_compiling_implementations_brief_corner_has_grouped_kv_heads(region):
+    """A compiling implementation runs one corner of each brief property (gradients, variants, MHA, dropout): with
+    Hkv 1 there, a JAX custom_vjp folding dK, dV onto the kv heads in tile order (zoo
+    broken_backward_gqa_tile_order_jax) passed every run; it needs Hkv > 1 and G > 1."""
+    corners = properties.covering_corners(_Compiling(), region, "brief")
+    assert corners and all(hints["Hkv"] > 1 and hints["group"] > 1 for hints in corners)
+
+
+def test_the_decode_propertys_large_score_corner_has_a_long_cache():
+    """A split-KV combine that weights its splits by exp(lse) without the largest subtracted overflows only when
+    a split's log-sum-exp passes about 88.7 (float32): large scores and more keys than a split (zoo
+    broken_decode_combine_no_max, 1 of 3 seeds before)."""
+    strategy = sdpa_cases(mask_kinds=("none", "key-padding", "float"), causal=st.just(False), query_mode="decode")
+    large = [c for c in corner_cases(EVERYTHING, strategy) if "scores~large" in c.label]
+    assert large and max(c.inputs["k"].shape[2] for c in large) > 4096
+
+
 def test_the_variant_properties_take_kernel_corners_unless_the_implementation_compiles():
     """test_window, test_softcap, test_alibi, test_varlen and test_learnable_sink (kernel_corners=UNLESS_COMPILED):
     kernel-shaped corners, past a key block of 64, for an implementation that takes the small shapes and calls
