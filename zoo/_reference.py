@@ -142,6 +142,22 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     return out.astype(out_dtype(q))
 
 
+def split_partials(scores: np.ndarray, v: np.ndarray, split: int, count: int) -> tuple[list, list]:
+    """Flash-decoding's first pass over the first ``count`` splits of ``split`` keys: each split's normalised output
+    and log-sum-exp (-inf where the split has no key), for the split-KV members to combine."""
+    outputs, lses = [], []
+    for i in range(count):
+        part = scores[..., i * split:(i + 1) * split]
+        top = np.max(part, axis=-1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)
+        e = np.exp(part - top)
+        total = e.sum(-1, keepdims=True)
+        outputs.append(np.divide(e, total, out=np.zeros_like(e), where=total > 0) @ v[..., i * split:(i + 1) * split, :])
+        with np.errstate(divide="ignore"):
+            lses.append(top + np.log(total))
+    return outputs, lses
+
+
 # ------------------------------------------------------- multi-head attention
 def project(x, w, b=None) -> np.ndarray:
     y = as64(x) @ as64(w)

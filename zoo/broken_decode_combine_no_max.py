@@ -23,16 +23,7 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     k64, v64 = ref.expand_kv(k64, v64, q64.shape[1])
     scale = ref.default_scale(q64.shape[-1]) if scale is None else scale
     scores = scale * (q64 @ np.swapaxes(k64, -1, -2)) + ref.build_bias(mask, False, lq, lk)
-    outputs, lses = [], []
-    for i in range(math.ceil(lk / SPLIT)):
-        part = scores[..., i * SPLIT:(i + 1) * SPLIT]
-        top = np.max(part, axis=-1, keepdims=True)
-        top = np.where(np.isfinite(top), top, 0.0)
-        e = np.exp(part - top)
-        total = e.sum(-1, keepdims=True)
-        outputs.append(np.divide(e, total, out=np.zeros_like(e), where=total > 0) @ v64[..., i * SPLIT:(i + 1) * SPLIT, :])
-        with np.errstate(divide="ignore"):
-            lses.append(top + np.log(total))
+    outputs, lses = ref.split_partials(scores, v64, SPLIT, math.ceil(lk / SPLIT))
     with np.errstate(over="ignore", invalid="ignore"):
         weights = np.exp(np.stack(lses).astype(accumulator))  # BUG: exp(lse - max lse), as the splits' max is
         total = weights.sum(0)
