@@ -50,13 +50,15 @@ from attention_conformance.implementations._region import Region, causal_lengths
 # against few keys, cheap (few scores a row): a kernel that ran its queries in chunks of 256 and built each chunk's
 # causal band from chunk-local rows passed two default runs. causal_only: a property that holds is_causal off skips
 # the corner (strategies.sdpa_cases).
-# The second corner is a compiling implementation's only corner of a brief set (properties.BRIEF_CORNERS_COMPILED):
+# The second corner is a compiling implementation's first corner of a brief set (properties.BRIEF_CORNERS_COMPILED):
 # grouped (Hkv 2, 2 query heads each), since a GQA mapping or a backward's sum over a group that is wrong only with
-# Hkv > 1 and G > 1 (a held-out JAX custom_vjp summing dk, dv in tile order) passed every run while it was Hkv 1.
+# Hkv > 1 and G > 1 (a held-out JAX custom_vjp summing dk, dv in tile order) passed every run while it was Hkv 1;
+# its scale -0.35 (one of strategies.SCALES, so that sdpa_cases takes it) is no +-1/sqrt(Dk) at its head dim 1 (a
+# backward taking softcap's derivative at the default scale was exact at -1.0, tanh^2 being even).
 CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True, mask_kind="none"),
-    dict(is_causal=True, lengths="q<k", kv="grouped", dk="min", scale=-1.0, mask_kind="none"),
-    dict(is_causal=False, lengths="q>k", kv="one", dk="min", scale=0.0, mask=1, mask_kind="bool-full"),
+    dict(is_causal=True, lengths="q<k", kv="grouped", dk="min", scale=-0.35, mask_kind="none", batch=2),
+    dict(is_causal=False, lengths="q>k", kv="one", dk="min", scale=0.0, mask=1, mask_kind="bool-full", batch=2),
     dict(is_causal=False, lengths="decode", kv="grouped", dk="max", scale=None, mask=2, mask_kind="key-padding",
          long_cache=True),
     dict(is_causal=True, lengths="q=k", kv="full", dk="max", scale=0.125, mask=1, mask_kind="bool-full"),
@@ -70,7 +72,16 @@ CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="one", dk="max", scale=None, mask=7, mask_kind="bool-2d"),
     dict(is_causal=True, lengths="long-q", kv="single", dk="min", scale=None, kernel=True, mask_kind="none",
          causal_only=True),
+    # A compiling implementation's last brief corner (properties.BRIEF_CORNERS_COMPILED): what the first two leave out.
+    dict(is_causal=False, lengths="q>k", kv="grouped", dk="max", scale=None, mask=1, mask_kind="float", batch=2),
 )
+# A compiling implementation's one random example of a brief property is Hypothesis's simplest (B 1, one head, one
+# key: no softmax Jacobian, no mask), so its brief set is three corners. Held-out kernels that passed every run under
+# one causal corner of batch 1 with scale -1: a window's right edge dropped in the backward, softcap's derivative
+# only at the default scale, ALiBi's slopes of the first batch row, dsink averaged over the batch, dmask summed over
+# it, a backward that took scale 0 for the default, a bool mask (B, 1, 1, Lk) tiled over the heads in batch-major
+# order, an MHA float mask added before the scale.
+BRIEF_SECOND_CORNER = len(CORNERS) - 1
 # A corner case may hold up to this many scores (B * Hq * Lq * Lk): four times a random kernel-shaped
 # case's budget, so that a region whose lengths are multiples of 128 still gets Lq > Lk with grouped heads.
 COVERING_SCORE_BUDGET = 2**17
@@ -297,7 +308,7 @@ def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_
     dk = dims[-1] if corner["dk"] == "max" else dims[0]
     dv = dk if corner.get("dv") != "other" or region.same_value_dim else (dims[0] if dk != dims[0] else dims[-1])
     return {
-        "index": index, "kernel": not small, "B": 1, "Hkv": hkv, "group": group, "is_causal": corner["is_causal"],
+        "index": index, "kernel": not small, "B": corner.get("batch", 1), "Hkv": hkv, "group": group, "is_causal": corner["is_causal"],
         "lengths": (lq, lk), "Dk": dk, "Dv": dv, "mask": corner.get("mask", 0),
         # A scale of a sign the region refuses becomes the default (1/sqrt(Dk), positive).
         "scale": corner["scale"] if scale_ok(region.scale, corner["scale"]) else None,

@@ -97,7 +97,11 @@ def attention_parts(q, k, v, d_out, mask=None, is_causal=False, scale=None, **va
     if softcap is not None:
         parts["t"] = scale_value * (q @ np.swapaxes(k_rep, -1, -2))
         parts["capped"] = oracle.softcapped(parts["t"], softcap)
-        parts["softcap_slope"] = 1.0 - (parts["capped"] / float(softcap)) ** 2
+        # sech^2(t / c), not 1 - tanh^2: past |t / c| = 19 tanh rounds to 1 in float64 and 1 - tanh^2 to 0, while an
+        # implementation's slope there is a tiny positive number (a float64 one-key row of a correct custom_vjp got dq
+        # 7e-31 against an allowance of 1e-307); it underflows to 0 only past |t / c| = 354.
+        with np.errstate(over="ignore"):
+            parts["softcap_slope"] = 1.0 / np.cosh(parts["t"] / float(softcap)) ** 2
     if variants.get("learnable_sink") is not None:
         parts["sink"] = oracle.sink_logits(variants["learnable_sink"], hq)
         parts["p_sink"] = sink_weight(oracle.scores(q, k, mask, is_causal, scale, **variants), parts["sink"])

@@ -547,13 +547,22 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
         _outside_region(f"the property needs a mask (declared masks: {', '.join(region.masks)})")
     # The per-head attention inside must lie in the region: kernel-shaped head widths where small ones are outside.
     kernel = not _small_shapes_inside(region)
-    b = draw(st.integers(1, MAX_BATCH), label="B")
+    # A covering corner's batch, lengths, causal band and mask are taken where the property admits them (without
+    # them every MHA corner was Hypothesis's simplest case: batch 1, one query, one key, the first mask kind).
+    b = hint("B") if hint("B") is not None else draw(st.integers(1, MAX_BATCH), label="B")
     h = draw(st.integers(min_heads, 3), label="H")
     length_choices = region.lengths.members(range(max(min_len, 1), MAX_LEN + 1)) or region.lengths.members(
         KERNEL_SMALL_LENGTHS + KERNEL_EDGE_LENGTHS)[:1] or [region.lengths.min]
-    lq = draw(st.sampled_from(length_choices), label="Lq")
-    is_cross = draw(cross, label="cross-attention")
-    lk = draw(st.sampled_from(length_choices), label="Lk") if is_cross and not region.equal_lengths else lq
+    corner = hint("lengths") if hint("lengths") is not None and set(hint("lengths")) <= set(length_choices) else None
+    if corner is not None:
+        lq = corner[0]
+        is_cross = corner[0] != corner[1] and admits(cross, True) and not region.equal_lengths
+        is_cross = is_cross or (corner[0] == corner[1] and not admits(cross, False))
+        lk = corner[1] if is_cross else lq
+    else:
+        lq = draw(st.sampled_from(length_choices), label="Lq")
+        is_cross = draw(cross, label="cross-attention")
+        lk = draw(st.sampled_from(length_choices), label="Lk") if is_cross and not region.equal_lengths else lq
     if head_width_free and region.mha_head_width_e_over_h:
         _outside_region("a head width other than E / H (declared mha_head_width: 'e_over_h')")
     if kernel:
@@ -576,11 +585,18 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
         e += 1  # keep the head width away from E / H
         e_kv = e_kv if is_cross else e
     with_bias = draw(bias, label="bias")  # which projections carry a bias
-    is_causal = draw(causal, label="is_causal")
+    wanted = hint("is_causal")
+    is_causal = wanted if wanted is not None and admits(causal, wanted) and (region.causal or not wanted) \
+        else draw(causal, label="is_causal")
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
     lq, lk = _lengths_in_order(lq, lk, region, is_causal)
-    kind = draw(st.sampled_from(kinds), label="mask")
+    if hint("mask_kind") in kinds:
+        kind = hint("mask_kind")
+    elif hint("mask") is not None:
+        kind = kinds[hint("mask") % len(kinds)]
+    else:
+        kind = draw(st.sampled_from(kinds), label="mask")
     _keep_inside(draw, {"op": "multi_head_attention", "B": b, "Hq": h, "Hkv": h, "Lq": lq, "Lk": lk, "Dk": dk,
                         "Dv": dv, "E": e, "E_k": e_kv, "E_v": e_kv, "E_out": e, "is_causal": bool(is_causal),
                         "mask_kind": _mask_class(kind)})

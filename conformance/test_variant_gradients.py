@@ -65,9 +65,9 @@ def differentiable_with(*names: str):
 
 @st.composite
 def variant_gradient_cases(draw, *, variants, required, clauses, mask_kinds=("none",), causal=st.booleans(),
-                           float_masks_from_bool: bool = False) -> Case:
+                           float_masks_from_bool: bool = False, scale=st.none()) -> Case:
     """A variant case with an upstream gradient: each of ``variants`` (VARIANTS and SINK_FEATURES names) the
-    implementation runs drawn with probability 1/2, at least one of ``required``."""
+    implementation runs drawn with probability 1/2, at least one of ``required``; ``scale`` as sdpa_cases'."""
     runnable = [name for name in variants if _runs_variant(name)]
     needed = [name for name in runnable if name in required]
     if not needed:
@@ -77,7 +77,7 @@ def variant_gradient_cases(draw, *, variants, required, clauses, mask_kinds=("no
         chosen.append(draw(st.sampled_from(needed), label="the variant"))
     case = draw(sink_chunk_leftpad_cases(features=tuple(n for n in SINK_FEATURES if n in chosen),
                                          variants=tuple(n for n in VARIANTS if n in chosen), clauses=clauses,
-                                         mask_kinds=mask_kinds, causal=causal), label="variant case")
+                                         mask_kinds=mask_kinds, causal=causal, scale=scale), label="variant case")
     softcap = case.inputs.get("softcap")
     if softcap is not None and softcap > GRADIENT_SOFTCAP_MAX:
         # The backward of c * tanh(s / c) multiplies the incoming gradient by c: a float16 autodiff chain overflows
@@ -154,9 +154,12 @@ def check_variant_gradients(impl, device, dtype, case: Case, order=("dq", "dk", 
 @property_test(requires=differentiable_with("softcap"), covering_set="brief")
 @sdpa_op
 @given(case=variant_gradient_cases(variants=("softcap",), required=("softcap",), clauses=("grad.softcap",),
-                                   mask_kinds=("none", "float", "key-padding"), float_masks_from_bool=True))
+                                   mask_kinds=("none", "float", "key-padding"), float_masks_from_bool=True,
+                                   scale=st.none() | st.sampled_from([-0.35, 0.7, 2.0])))
 def test_softcap_gradients(impl, device, dtype, case):
-    """dq and dk carry softcap's derivative 1 - tanh^2(s / c); an additive mask after the cap takes dS itself."""
+    """dq and dk carry softcap's derivative 1 - tanh^2(s / c) at the scaled score s (an explicit scale too: a
+    held-out backward that took the derivative at 1/sqrt(Dk) passed while every case had the default); an additive
+    mask after the cap takes dS itself."""
     check_variant_gradients(impl, device, dtype, case, order=("dq", "dk", "dmask", "dv"))
 
 

@@ -199,12 +199,36 @@ class _Compiling:
 
 
 @pytest.mark.parametrize("region", [EVERYTHING, FLASH], ids=["everything", "flash"])
-def test_a_compiling_implementations_brief_corner_has_grouped_kv_heads(region):
-    """A compiling implementation runs one corner of each brief property (gradients, variants, MHA, dropout): with
-    Hkv 1 there, a JAX custom_vjp folding dK, dV onto the kv heads in tile order (zoo
-    broken_backward_gqa_tile_order_jax) passed every run; it needs Hkv > 1 and G > 1."""
+def test_a_compiling_implementations_brief_corners_reach_groups_batches_scales_and_float_masks(region):
+    """A compiling implementation's random example of a brief property (gradients, variants, MHA, dropout) is
+    Hypothesis's simplest (batch 1, one key), so its corners carry the property: grouped kv heads (a JAX custom_vjp
+    folding dK, dV in tile order, zoo broken_backward_gqa_tile_order_jax, passed with Hkv 1), batch 2 (dsink averaged
+    and dmask summed over the batch passed), a non-causal one at the default scale with a float mask (a backward
+    dropping the window's right edge, an MHA float mask added before the scale passed), scale 0 (a backward taking
+    `scale or 1/sqrt(Dk)` passed) and an explicit scale that is no +-1/sqrt(Dk) (softcap's derivative at the default
+    scale passed)."""
     corners = properties.covering_corners(_Compiling(), region, "brief")
-    assert corners and all(hints["Hkv"] > 1 and hints["group"] > 1 for hints in corners)
+    assert any(hints["Hkv"] > 1 and hints["group"] > 1 and hints["B"] > 1 for hints in corners)
+    assert any(not hints["is_causal"] and hints["scale"] is None and hints["mask_kind"] == "float" and hints["B"] > 1
+               for hints in corners)
+    assert any(hints["scale"] == 0.0 for hints in corners)
+    assert any(hints["scale"] not in (None, 0.0) and abs(hints["scale"]) != hints["Dk"] ** -0.5 for hints in corners)
+    # ... and sdpa_cases' own scales take every corner's (a scale it cannot draw is silently drawn instead)
+    all_hints = covering.covering_hints(region, region.takes_small_shapes())
+    for case, hints in zip(corner_cases(region, sdpa_cases()), all_hints):
+        assert case.inputs.get("scale") == hints["scale"], (case.label, hints["scale"])
+
+
+def test_multi_head_attention_corners_take_the_corners_batch_lengths_and_mask():
+    """mha_cases ignored the corners: every MHA corner was Hypothesis's simplest case (batch 1, one query, one key, no
+    mask), and an MHA float mask added before the scale passed every run of a compiling implementation."""
+    from attention_conformance.conformance.strategies import mha_cases
+
+    cases = corner_cases(EVERYTHING, mha_cases())
+    last = cases[covering.BRIEF_SECOND_CORNER]
+    assert last.inputs["query"].shape[0] == 2 and last.inputs["key"].shape[1] > 1
+    assert last.inputs["mask"].dtype != np.bool_
+    assert len({(c.inputs["query"].shape[:2], c.inputs["key"].shape[1]) for c in cases}) > 3
 
 
 def test_the_decode_propertys_large_score_corner_has_a_long_cache():

@@ -232,3 +232,21 @@ def test_a_saturated_leading_key_under_softcap_is_no_false_alarm():
     with pytest.raises(ConformanceFailure):
         check_variant_gradients(load_implementation("zoo.broken_backward_softcap_no_derivative"), "cpu", "float64",
                                 case)
+
+
+def test_a_saturated_softcap_keeps_its_slope_and_its_allowance():
+    """Past |t / c| = 19, 1 - tanh^2(t / c) is 0 in float64 while sech^2 is a tiny positive number: a correct JAX
+    custom_vjp (a 2026-11-27 hunt) got dq 1e-30 on such a one-key row, where the allowance built on the rounded slope
+    was 1e-307 (a false alarm of the thorough profile). The slope is sech^2 now, and the allowance covers it."""
+    from attention_conformance.conformance import oracle_backward
+    from attention_conformance.conformance.gradients import backward_allowed
+
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((1, 1, 2, 80)), rng.standard_normal((1, 1, 1, 80))
+    v, d_out = rng.standard_normal((1, 1, 1, 64)), rng.standard_normal((1, 1, 2, 64))
+    t = (q @ np.swapaxes(k, -1, -2)) / np.sqrt(80)
+    cap = 0.05 * np.abs(t).max()  # row 0 at |t / c| = 20
+    slope = oracle_backward.attention_parts(q, k, v, d_out, softcap=cap)["softcap_slope"]
+    assert np.allclose(slope, 1.0 / np.cosh(t / cap) ** 2, rtol=1e-13, atol=0) and np.all(slope > 0)
+    allowed = backward_allowed(q, k, v, d_out, None, False, None, "float64", softcap=cap)
+    assert allowed["dq"][0, 0, 0].min() > 1e-40  # an implementation's rounding there is ~1e-16 * 1e-17
