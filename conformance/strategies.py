@@ -449,12 +449,7 @@ def sdpa_cases(
         dv = dk
     else:
         dv = wanted_dv if wanted_dv is not None and admits(dims, wanted_dv) else draw(dims, label="Dv")
-    if hint("mask_kind") in kinds:
-        kind = hint("mask_kind")
-    elif hint("mask") is not None:
-        kind = kinds[hint("mask") % len(kinds)]
-    else:
-        kind = draw(st.sampled_from(kinds), label="mask")
+    kind = _mask_kind(draw, kinds)
     magnitudes = st.sampled_from(sigmas)
     sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
                                                                                       label="score magnitude")
@@ -536,6 +531,15 @@ SOFTMAX_CORNER_ROWS = 4
 SOFTMAX_EDGE_LENGTHS = tuple(sorted({w + d for w in (8, 16, 32, 64, 128, 256, 1024, 2048, 4096) for d in (-1, 0, 1)}))
 
 
+def _mask_kind(draw, kinds: list[str]) -> str:
+    """The covering corner's mask kind where the property draws it, else its ``mask``-th kind, else a drawn one."""
+    if hint("mask_kind") in kinds:
+        return hint("mask_kind")
+    if hint("mask") is not None:
+        return kinds[hint("mask") % len(kinds)]
+    return draw(st.sampled_from(kinds), label="mask")
+
+
 @st.composite
 def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_KINDS), cross=st.booleans(),
               mask_kinds=("none", "bool-2d", "key-padding", "float"), causal=st.booleans(),
@@ -591,12 +595,7 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
     lq, lk = _lengths_in_order(lq, lk, region, is_causal)
-    if hint("mask_kind") in kinds:
-        kind = hint("mask_kind")
-    elif hint("mask") is not None:
-        kind = kinds[hint("mask") % len(kinds)]
-    else:
-        kind = draw(st.sampled_from(kinds), label="mask")
+    kind = _mask_kind(draw, kinds)
     _keep_inside(draw, {"op": "multi_head_attention", "B": b, "Hq": h, "Hkv": h, "Lq": lq, "Lk": lk, "Dk": dk,
                         "Dv": dv, "E": e, "E_k": e_kv, "E_v": e_kv, "E_out": e, "is_causal": bool(is_causal),
                         "mask_kind": _mask_class(kind)})
