@@ -111,8 +111,7 @@ def call_with_limit(impl: Implementation, label: str, fn, *args, limit=_USE_THE_
             # A first call per input signature compiles (inductor on a GPU machine busy with 16 workers took
             # over 30 s for torch_flex); a compiling implementation gets COMPILED_CALL_ALLOWANCE times the limit.
             limit *= COMPILED_CALL_ALLOWANCE
-        outcome = _call_here(fn, args, kwargs) if limit is None else _call_in_thread(impl, label, limit, fn, args,
-                                                                                     kwargs)
+        outcome = _call_in_thread(impl, label, limit, fn, args, kwargs)
         if "error" in outcome:
             refusal = impl.refusal(outcome["error"])
             if refusal:  # REFUSALS: the compiler refused the program, which is no wrong result
@@ -176,17 +175,9 @@ def _call_thread(impl) -> CallThread:
     return runner
 
 
-def _call_here(fn, args, kwargs) -> dict:
-    """{"result": ...} or {"error": exc}: the call without a time limit (--call-timeout 0)."""
-    try:
-        return {"result": fn(*args, **kwargs)}
-    except Exception as exc:  # contained as _call_in_thread contains it
-        return {"error": exc}
-
-
-def _call_in_thread(impl, label: str, limit: float, fn, args, kwargs) -> dict:
+def _call_in_thread(impl, label: str, limit: float | None, fn, args, kwargs) -> dict:
     """{"result": ...} or {"error": exc}; empty if the call was still running after ``limit`` (then ``impl`` is
-    marked hung)."""
+    marked hung). Without a limit (--call-timeout 0) the call runs in this thread."""
     outcome: dict = {}
     context = contextvars.copy_context()  # np.errstate and other context variables reach the call
 
@@ -196,10 +187,10 @@ def _call_in_thread(impl, label: str, limit: float, fn, args, kwargs) -> dict:
         except BaseException as exc:  # noqa: BLE001 -- handed to the caller's thread
             outcome["error"] = exc
 
-    runner = _call_thread(impl)
-    if threading.current_thread() is runner.thread:  # a call made from inside a call: already under the limit
+    if limit is None or threading.current_thread() is _call_thread(impl).thread:  # (or inside a call: under its limit)
         target()
         return outcome
+    runner = _call_thread(impl)
     started = time.monotonic()
     done = runner.submit(target)
     waiting_for((impl.name, label, started))

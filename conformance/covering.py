@@ -81,7 +81,7 @@ CORNERS: tuple[dict, ...] = (
 # only at the default scale, ALiBi's slopes of the first batch row, dsink averaged over the batch, dmask summed over
 # it, a backward that took scale 0 for the default, a bool mask (B, 1, 1, Lk) tiled over the heads in batch-major
 # order, an MHA float mask added before the scale.
-BRIEF_SECOND_CORNER = len(CORNERS) - 1
+COMPILED_BRIEF_CORNER = len(CORNERS) - 1
 # A corner case may hold up to this many scores (B * Hq * Lq * Lk): four times a random kernel-shaped
 # case's budget, so that a region whose lengths are multiples of 128 still gets Lq > Lk with grouped heads.
 COVERING_SCORE_BUDGET = 2**17

@@ -51,10 +51,10 @@ FLOOR_PER_PROPERTY = 12  # judged examples per forward property for a compiling 
 NARROW_FLOOR_PER_PROPERTY = 25
 # A brief covering set (gradients, dropout, variants, MHA): causal Lq < Lk with a negative scale and grouped kv
 # heads, Lq > Lk with scale 0, a mask and one kv head, causal Lq = Lk with Hkv = Hq (covering.CORNERS), the first two
-# of batch 2; for compiling implementations the first two and covering.BRIEF_SECOND_CORNER (non-causal, the default
+# of batch 2; for compiling implementations the first two and covering.COMPILED_BRIEF_CORNER (non-causal, the default
 # scale, a float mask (B, Hq, Lq, Lk), batch 2) instead of the third: their random example is Hypothesis's simplest.
 BRIEF_CORNERS = (1, 2, 4)
-BRIEF_CORNERS_COMPILED = (1, 2, covering.BRIEF_SECOND_CORNER)
+BRIEF_CORNERS_COMPILED = (1, 2, covering.COMPILED_BRIEF_CORNER)
 # ... and with kernel corners: the decode corner too (Lq 1 against 193 keys), where a split-KV path takes over.
 BRIEF_KERNEL_CORNERS = (1, 2, 3, 4)
 SHRINK_BUDGET_S = 15.0  # how long Hypothesis may shrink a failing example (the per-test limit is 120 s)

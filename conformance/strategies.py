@@ -411,8 +411,7 @@ def sdpa_cases(
             _outside_region(f"Hq/Hkv = {group} (declared gqa: {region.gqa}, max_group: {region.max_group})")
         group = 1 if not region.gqa else min(group, region.max_group)
     hq = hkv * group
-    wanted = hint("is_causal")
-    is_causal = wanted if admits(causal, wanted) and (region.causal or not wanted) else draw(causal, label="is_causal")
+    is_causal = _is_causal(draw, causal, region)
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
     if hint("causal_only") and not is_causal:
@@ -531,6 +530,12 @@ SOFTMAX_CORNER_ROWS = 4
 SOFTMAX_EDGE_LENGTHS = tuple(sorted({w + d for w in (8, 16, 32, 64, 128, 256, 1024, 2048, 4096) for d in (-1, 0, 1)}))
 
 
+def _is_causal(draw, causal, region: Region) -> bool:
+    """The covering corner's is_causal where the property and the region admit it, else a drawn one."""
+    wanted = hint("is_causal")
+    return wanted if admits(causal, wanted) and (region.causal or not wanted) else draw(causal, label="is_causal")
+
+
 def _mask_kind(draw, kinds: list[str]) -> str:
     """The covering corner's mask kind where the property draws it, else its ``mask``-th kind, else a drawn one."""
     if hint("mask_kind") in kinds:
@@ -558,11 +563,10 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     length_choices = region.lengths.members(range(max(min_len, 1), MAX_LEN + 1)) or region.lengths.members(
         KERNEL_SMALL_LENGTHS + KERNEL_EDGE_LENGTHS)[:1] or [region.lengths.min]
     corner = hint("lengths") if hint("lengths") is not None and set(hint("lengths")) <= set(length_choices) else None
-    if corner is not None:
-        lq = corner[0]
-        is_cross = corner[0] != corner[1] and admits(cross, True) and not region.equal_lengths
-        is_cross = is_cross or (corner[0] == corner[1] and not admits(cross, False))
-        lk = corner[1] if is_cross else lq
+    if corner is not None:  # two lengths are a cross-attention case where the property admits one
+        lq, wants_cross = corner[0], corner[0] != corner[1] and not region.equal_lengths
+        is_cross = wants_cross if admits(cross, wants_cross) else not wants_cross
+        lk = corner[1] if is_cross and not region.equal_lengths else lq
     else:
         lq = draw(st.sampled_from(length_choices), label="Lq")
         is_cross = draw(cross, label="cross-attention")
@@ -589,9 +593,7 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
         e += 1  # keep the head width away from E / H
         e_kv = e_kv if is_cross else e
     with_bias = draw(bias, label="bias")  # which projections carry a bias
-    wanted = hint("is_causal")
-    is_causal = wanted if wanted is not None and admits(causal, wanted) and (region.causal or not wanted) \
-        else draw(causal, label="is_causal")
+    is_causal = _is_causal(draw, causal, region)
     if is_causal and not region.causal:
         _outside_region("is_causal=True (declared causal: False)")
     lq, lk = _lengths_in_order(lq, lk, region, is_causal)

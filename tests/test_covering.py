@@ -225,7 +225,7 @@ def test_multi_head_attention_corners_take_the_corners_batch_lengths_and_mask():
     from attention_conformance.conformance.strategies import mha_cases
 
     cases = corner_cases(EVERYTHING, mha_cases())
-    last = cases[covering.BRIEF_SECOND_CORNER]
+    last = cases[covering.COMPILED_BRIEF_CORNER]
     assert last.inputs["query"].shape[0] == 2 and last.inputs["key"].shape[1] > 1
     assert last.inputs["mask"].dtype != np.bool_
     assert len({(c.inputs["query"].shape[:2], c.inputs["key"].shape[1]) for c in cases}) > 3
