@@ -57,6 +57,24 @@ def _descales_repeated(inputs: dict, group: int) -> dict:
     return {name: np.repeat(factors, group, axis=1) for name, factors in oracle.descale_options(inputs).items()}
 
 
+def _scores_matter(case: Case) -> bool:
+    """Whether some row of the case weighs two or more terms (attended keys, and the learnable sink). A row of one
+    term puts weight 1 on it whatever the scores, so a probe that leaves every row so (one key, its sink taken out)
+    passes any fault of the scores, the scale or a float mask's values, and acquits nothing (a held-out MHA that
+    added its float mask before the scale was filed under sdpa.learnable-sink on such a case)."""
+    inputs = case.inputs
+    if case.op == "sdpa":
+        lq, lk = inputs["q"].shape[-2], inputs["k"].shape[-2]
+    elif case.op == "multi_head_attention":
+        lq, lk = inputs["query"].shape[1], inputs["key"].shape[1]
+    else:
+        return True
+    bias = oracle.attention_bias(inputs.get("mask"), inputs.get("is_causal", False), lq, lk,
+                                 **oracle.key_options(oracle.variant_options(inputs)))
+    terms = np.sum(np.isfinite(bias), axis=-1) + (inputs.get("learnable_sink") is not None)
+    return bool(np.any(terms >= 2))
+
+
 def _size(inputs: dict) -> int:
     return sum(int(np.size(array)) for _, array in _flat(inputs) if isinstance(array, np.ndarray))
 
@@ -177,7 +195,7 @@ class Attribution:
         if own is not None and self._passes(own):
             return None  # the feature the case was drawn for is at fault: the failure stays with it
         for clause, how, variant in self._variants(case):
-            if self._passes(variant):
+            if _scores_matter(variant) and self._passes(variant):
                 return clause, how
         return None
 

@@ -167,8 +167,7 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
         return u * (c["c_acc"] * math.sqrt(n) + c["c_out"])
 
     # 1. scores: the forward model's score error (inner product, scaling, mask addition)
-    bias = oracle.attention_bias(mask, is_causal, lq, lk, **{n: variants[n] for n in oracle.KEY_CHOICE
-                                                               if n in variants})
+    bias = oracle.attention_bias(mask, is_causal, lq, lk, **oracle.key_options(variants))
     finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
     # (an underflow of q * scale or k * scale, eta per element, moves a score by eta * sum |k| or sum |q|)
     underflow = eta * (1.0 + np.sum(np.abs(q64), axis=-1)[..., :, None] + np.sum(np.abs(k_rep), axis=-1)[..., None, :])

@@ -92,6 +92,11 @@ def softcapped(s, softcap) -> np.ndarray:
 KEY_CHOICE = ("window", "query_offset", "key_lengths", "sink_token_length", "attention_chunk", "key_leftpad")
 
 
+def key_options(variants: dict) -> dict:
+    """The variant keywords among ``variants`` that remove keys (KEY_CHOICE: attention_bias's keywords)."""
+    return {n: variants[n] for n in KEY_CHOICE if n in variants}
+
+
 def attention_bias(mask, is_causal: bool, lq: int, lk: int, *, window=None, query_offset: int = 0,
                    key_lengths=None, sink_token_length: int = 0, attention_chunk=None, key_leftpad=None) -> np.ndarray:
     """The additive bias a mask and the key-removing options stand for: 0 or the float mask where allowed, -inf elsewhere.

@@ -181,11 +181,6 @@ def _variant_score_error(q, k, scale_value: float, u: float, softcap=None, alibi
     return extra
 
 
-def _key_options(variants: dict) -> dict:
-    """The variants that remove keys (attention_bias's keywords)."""
-    return {n: variants[n] for n in oracle.KEY_CHOICE if n in variants}
-
-
 def _variant_constants(sixteen_bit: bool = False) -> dict:
     """The c_ of spec/tolerances.yaml 'variants', times the safety factor of the model they enter."""
     factor = float(model()["sixteen_bit"]["safety_factor"] if sixteen_bit else model()["safety_factor"])
@@ -213,7 +208,7 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
     scale_value = 1.0 / math.sqrt(dk_) if scale is None else float(scale)
     weights = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)
     abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(scale_value)
-    bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk, **_key_options(variants))
+    bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk, **oracle.key_options(variants))
     finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
     c_in = tf32_input_constant()
     score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias) + c_in * 2 * u_in * abs_scores
@@ -439,7 +434,7 @@ def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zer
         allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, **variants)
     # Rows without keys: exactly 0 under 'zeros', and with a learnable sink under every policy (its weight takes
     # the whole row: oracle.attention_weights).
-    empty = oracle.fully_masked_rows(q, k, mask, is_causal, **_key_options(variants))[..., None]
+    empty = oracle.fully_masked_rows(q, k, mask, is_causal, **oracle.key_options(variants))[..., None]
     if policy == "uniform" and variants.get("learnable_sink") is None and empty.any():
         # a fully masked row is the mean of v: the first-order model's bound for it
         return np.where(empty, uniform_row_bound(u, v, np.shape(q)[1]), allowed)

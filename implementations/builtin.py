@@ -38,7 +38,6 @@ README "GPU").
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import warnings
@@ -1302,7 +1301,8 @@ def _bounded_window(window, lq: int, lk: int):
     return None if window is None else tuple(lq + lk if side is None else int(side) for side in window)
 
 
-# Errors by which a GPU compiler refuses a program (a refusal to compile, not a wrong result), measured:
+# Errors by which a GPU compiler refuses a program (a refusal to compile, not a wrong result; declared as REFUSALS, so
+# that a case meeting one, in its call or its gradients, is unsupported with the compiler's reason), measured:
 # XLA:GPU refuses the F16_F16_F32 dot that jax.nn.dot_product_attention asks for in some float16 shapes (H100, jax
 # 0.11.2: forward at Lq = Lk = 1, every head dim; H200, the same jax: the backward at Lq 3, Lk 7, Dk 1); other float16
 # shapes run.
@@ -1310,18 +1310,6 @@ XLA_GPU_DOT_REFUSAL = "Unsupported dot precision algorithm"
 # Triton refuses a Pallas kernel whose tiles need more shared memory than the GPU has (H200, jax 0.11.2, Pallas flash
 # in float32 at Dk 128 with more than one key block: 262144 bytes asked, 232448 available).
 TRITON_SHARED_MEMORY_REFUSAL = "Shared memory size limit exceeded"
-
-
-@contextlib.contextmanager
-def _refusal_unsupported(sign: str, compiler: str):
-    """An error whose text holds ``sign`` (a compiler's refusal) becomes NotImplementedError: the case is
-    unsupported and reported with the compiler's reason, as torch's "No available kernel" is."""
-    try:
-        yield
-    except Exception as exc:  # jax.errors.JaxRuntimeError
-        if sign in str(exc):
-            raise NotImplementedError(f"{compiler}: {str(exc).splitlines()[0]}") from None
-        raise
 
 
 class JaxDotProductAttention:
@@ -1354,6 +1342,7 @@ class JaxDotProductAttention:
     # bias -inf on every key is NaN, and one -inf on every key those removals leave attends the removed keys.
     KNOWN_DEVIATIONS = (deviations.large_finite_negative_mask_fill(note="jax 0.10.2, measured on CPU"),)
     FULLY_MASKED_ROWS = deviations.LARGE_FINITE_NEGATIVE_ROWS
+    REFUSALS = (XLA_GPU_DOT_REFUSAL,)
 
     @classmethod
     def supports(cls, facts):
@@ -1393,10 +1382,9 @@ class JaxDotProductAttention:
         # static), the mask and the variants' arrays traced.
         static = ("is_causal", "window") if variants else ("is_causal",)
         options = dict(variants, is_causal=is_causal, scale=None if scale is None else np.float64(scale))
-        with _refusal_unsupported(XLA_GPU_DOT_REFUSAL, "XLA:GPU"):
-            if _differentiated_eagerly(q, k, v, mask) and not _traced(alibi_slopes, query_lengths, key_lengths):
-                return JaxDotProductAttention._sdpa_vjp(q, k, v, mask, static, options)
-            return _jitted(JaxDotProductAttention._sdpa, *static)(q, k, v, mask, **options)
+        if _differentiated_eagerly(q, k, v, mask) and not _traced(alibi_slopes, query_lengths, key_lengths):
+            return JaxDotProductAttention._sdpa_vjp(q, k, v, mask, static, options)
+        return _jitted(JaxDotProductAttention._sdpa, *static)(q, k, v, mask, **options)
 
     @staticmethod
     def _sdpa_vjp(q, k, v, mask, static: tuple, options: dict):
@@ -1419,9 +1407,8 @@ class JaxDotProductAttention:
 
         def backward_rule(saved, d_out):
             q, k, v, bias = saved
-            with _refusal_unsupported(XLA_GPU_DOT_REFUSAL, "XLA:GPU"):  # the backward compiles when it is called
-                return tuple(backward(q, k, v, boolean if bias is None else bias, d_out, **options)) + (
-                    (None,) if bias is None else ())
+            return tuple(backward(q, k, v, boolean if bias is None else bias, d_out, **options)) + (
+                (None,) if bias is None else ())
 
         attend.defvjp(forward_rule, backward_rule)
         return attend(q, k, v, None if boolean is not None else mask)
@@ -1478,10 +1465,9 @@ class JaxDotProductAttention:
                              alibi_slopes=None, query_lengths=None, key_lengths=None):
         # The variants its sdpa takes, converted as there (an unbounded window side beyond every distance).
         window = _bounded_window(window, query.shape[1], key.shape[1])
-        with _refusal_unsupported(XLA_GPU_DOT_REFUSAL, "XLA:GPU"):
-            return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal,
-                            **_used(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
-                                    key_lengths=key_lengths))
+        return _jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal,
+                        **_used(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
+                                key_lengths=key_lengths))
 
 
 class JaxNumpy:
@@ -1922,6 +1908,7 @@ class JaxPallasFlashAttention:
     SUPPORTS = {"head_dims": [16, 32, 64, 128], "value_head_dim": "same", "lengths": {"multiple": 128, "max": 2048},
                 "masks": ["none"], "causal": "lq<=lk"}
     FLOAT32_MATMUL = {"cuda": "tf32"}
+    REFUSALS = (TRITON_SHARED_MEMORY_REFUSAL,)
     BACKWARD_BLOCK = 32  # BlockSizes.get_default()'s block_q_dq and block_kv_dkv, the fused backward's blocks
 
     @staticmethod
@@ -1933,7 +1920,7 @@ class JaxPallasFlashAttention:
             raise NotImplementedError("Pallas flash's fused backward: q_seq_len and kv_seq_len must be divided "
                                       f"into the same number of blocks (Lq {lq}, Lk {lk}, blocks of {block})")
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        with _x64_off(), _refusal_unsupported(TRITON_SHARED_MEMORY_REFUSAL, "Triton"):
+        with _x64_off():
             # The scale is static: mha passes it to a custom_vjp as a non-differentiable argument.
             return _jitted(JaxPallasFlashAttention._sdpa, "is_causal", "scale")(q, k, v, is_causal=is_causal,
                                                                                 scale=scale)

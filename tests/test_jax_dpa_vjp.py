@@ -59,16 +59,31 @@ def test_an_eager_vjp_runs_the_forward_program_and_one_backward(monkeypatch):
     assert called.count(JaxDotProductAttention._sdpa) == 1 and called.count(JaxDotProductAttention._sdpa_backward) == 1
 
 
-def test_a_backward_the_gpu_compiler_refuses_is_unsupported_not_failed(monkeypatch):
+def test_a_backward_the_gpu_compiler_refuses_is_unsupported_not_failed(monkeypatch, kept_records):
     """XLA:GPU refused the float16 backward of jax.nn.dot_product_attention at Lq 3, Lk 7, Dk 1 ("Unsupported dot
     precision algorithm: 4", H200, jax 0.11.2) after the forward had run: the refusal comes when the pullback compiles,
-    outside the forward's call, and must still be NotImplementedError (the gradient tests then call it unsupported)."""
-    def refused(*args, **kwargs):
-        raise RuntimeError("INVALID_ARGUMENT: Unsupported dot precision algorithm: 4")
+    outside the forward's call. jax_dpa declares it in REFUSALS, so the gradient case is unsupported with the
+    compiler's reason; another error there still fails the case."""
+    from attention_conformance.conformance import checks
+    from attention_conformance.conformance.cases import Case
+    from attention_conformance.conformance.report import ConformanceFailure
+    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+    from attention_conformance.implementations import load_implementation
 
-    monkeypatch.setattr(JaxDotProductAttention, "_sdpa_backward", staticmethod(refused))
     rng = np.random.default_rng(1)
-    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((1, 1, 3, 1), (1, 1, 7, 1), (1, 1, 7, 1)))
-    out, pullback = jax.vjp(lambda q, k, v: JaxDotProductAttention.sdpa(q, k, v, is_causal=True), q, k, v)
-    with pytest.raises(NotImplementedError, match="XLA:GPU: INVALID_ARGUMENT: Unsupported dot precision algorithm"):
-        pullback(np.ones(out.shape, np.float32))
+    inputs = {name: rng.standard_normal(shape) for name, shape in
+              (("q", (1, 1, 3, 1)), ("k", (1, 1, 7, 1)), ("v", (1, 1, 7, 1)), ("d_out", (1, 1, 3, 1)))}
+    case = Case("sdpa", {**inputs, "is_causal": True}, ("grad.sdpa-q",), "Lq3 Lk7 Dk1 causal")
+    impl = load_implementation("builtin:jax_dpa")
+
+    def backward_raising(text):
+        def refused(*args, **kwargs):
+            raise RuntimeError(text)
+        monkeypatch.setattr(JaxDotProductAttention, "_sdpa_backward", staticmethod(refused))
+        judge_gradients(GradientJudge(impl, "float32", "cpu"), case, case.rounded("float32"))
+
+    with pytest.raises(pytest.skip.Exception, match="jax_dpa refused the program .*Unsupported dot precision"):
+        backward_raising("INVALID_ARGUMENT: Unsupported dot precision algorithm: 4")
+    assert checks.RECORDS[-1].status == "unsupported"
+    with pytest.raises(ConformanceFailure, match="INVALID_ARGUMENT: Some other error"):
+        backward_raising("INVALID_ARGUMENT: Some other error")

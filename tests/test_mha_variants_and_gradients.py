@@ -125,6 +125,32 @@ def test_an_mha_variant_bug_is_filed_under_the_keywords_clause(member, options, 
     assert raised.value.clause == clause
 
 
+
+class FloatMaskBeforeScale(Recorder):
+    """Adds the float mask before the scale (a held-out MHA did): the mask's values come out scaled by 1/sqrt(Dk)."""
+
+    @classmethod
+    def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *,
+                             learnable_sink=None):
+        width = params["w_q"].shape[1] // num_heads
+        scaled = None if mask is None or mask.dtype == bool else mask * width ** -0.5  # BUG
+        return loop.multi_head_attention(query, key, value, params, num_heads, scaled, is_causal,
+                                         learnable_sink=learnable_sink)
+
+
+def test_a_probe_that_leaves_one_term_a_row_acquits_nothing():
+    """One key and a sink: without the sink every weight is 1, whatever the scores and the mask, so that probe passes
+    any score fault; the fault is the float mask's, which a row of key and sink still shows (a held-out MHA whose
+    float mask was added before the scale was filed under sdpa.learnable-sink)."""
+    rng = np.random.default_rng(5)
+    case = mha_case(learnable_sink=np.array([0.4, -0.2]), mask=rng.standard_normal((1, 2, 5, 1)) * 3)
+    case.inputs.update(key=case.inputs["key"][:, :1], value=case.inputs["value"][:, :1])
+    judge = Judge(load_implementation("tests.test_mha_variants_and_gradients:FloatMaskBeforeScale"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(case)
+    assert raised.value.clause == "mask.float-additive"
+
+
 # ----------------------------------------------------------------- gradients
 def grad_inputs(seed: int = 1):
     rng = np.random.default_rng(seed)
