@@ -208,11 +208,11 @@ class Attribution:
                 return None  # one head or one query: q reads the same in either layout
         elif case.op != "sdpa" or case.inputs["k"].shape[2] < 2:
             return None  # one key: every weight is 1 in either layout, the probe could not tell them apart
-        elif oracle.fully_masked_rows(case.inputs["q"], case.inputs["k"], case.inputs.get("mask"),
-                                      case.inputs.get("is_causal", False),
-                                      **oracle.variant_options(case.inputs)).all():
-            # No row attends a key: the output is the same in either layout (a tiled kernel's key-length bug that
-            # attended keys of key_lengths [0] in its first blocks was filed under contract.layout).
+        elif not _scores_matter(case):
+            # No row weighs two keys: the output copies rows of v (or is 0), which the other layout's reading may copy
+            # alike whatever the fault (a tiled kernel's key-length bug that attended keys of key_lengths [0] in its
+            # first blocks, and a window keeping each query's own key alone in a fixture of one head, were filed
+            # under contract.layout).
             return None
         declared = self.impl.layout
         other = next(layout for layout in LAYOUTS if layout != declared)

@@ -49,7 +49,10 @@ from attention_conformance.implementations._region import Region, causal_lengths
 # doing so failed 1 or 2 of about 1950 cases a run, in 16 bits only, before it). "long-q": a long query (past LONG_QUERY_ROWS - 1 rows)
 # against few keys, cheap (few scores a row): a kernel that ran its queries in chunks of 256 and built each chunk's
 # causal band from chunk-local rows passed two default runs. causal_only: a property that holds is_causal off skips
-# the corner (strategies.sdpa_cases).
+# the corner (strategies.sdpa_cases). window: the window a variant case takes at the corner ("past": a side beyond
+# every key), else drawn. The third corner, every brief set's non-causal one, has (past, 0): the right edge alone
+# removes keys, the left never does (a kernel that ran full attention for a left side past every query position
+# without is_causal, libflash_attn PR 11, was caught only by one random decode case per run before).
 # The second corner is a compiling implementation's first corner of a brief set (properties.BRIEF_CORNERS_COMPILED):
 # grouped (Hkv 2, 2 query heads each), since a GQA mapping or a backward's sum over a group that is wrong only with
 # Hkv > 1 and G > 1 (a held-out JAX custom_vjp summing dk, dv in tile order) passed every run while it was Hkv 1;
@@ -58,7 +61,8 @@ from attention_conformance.implementations._region import Region, causal_lengths
 CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True, mask_kind="none"),
     dict(is_causal=True, lengths="q<k", kv="grouped", dk="min", scale=-0.35, mask_kind="none", batch=2),
-    dict(is_causal=False, lengths="q>k", kv="one", dk="min", scale=0.0, mask=1, mask_kind="bool-full", batch=2),
+    dict(is_causal=False, lengths="q>k", kv="one", dk="min", scale=0.0, mask=1, mask_kind="bool-full", batch=2,
+         window=("past", 0)),
     dict(is_causal=False, lengths="decode", kv="grouped", dk="max", scale=None, mask=2, mask_kind="key-padding",
          long_cache=True),
     dict(is_causal=True, lengths="q=k", kv="full", dk="max", scale=0.125, mask=1, mask_kind="bool-full"),
@@ -292,10 +296,15 @@ def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_
         lq = lk = max(lq, lk)
     elif corner["is_causal"] and not causal_lengths_ok(region.causal_lengths, lq, lk):
         lq, lk = lk, lq
-    # Fewer heads where the pair would pass the score budget; the length relation is the corner's point.
-    while hkv * group * lq * lk > COVERING_SCORE_BUDGET and group > 1:
+    # Fewer heads, then fewer batch entries, where the case would pass the score budget (sdpa_cases counts B * Hq *
+    # Lq * Lk; a corner past it draws its lengths instead: the batch-2 corners past a query block fell to Lq 1, Lk 1);
+    # the length relation is the corner's point.
+    batch = corner.get("batch", 1)
+    while batch * hkv * group * lq * lk > COVERING_SCORE_BUDGET and group > 1:
         group //= 2
-    while hkv * group * lq * lk > COVERING_SCORE_BUDGET and hkv > 1:
+    while batch * hkv * group * lq * lk > COVERING_SCORE_BUDGET and batch > 1:
+        batch -= 1
+    while batch * hkv * group * lq * lk > COVERING_SCORE_BUDGET and hkv > 1:
         hkv -= 1
     if small:
         dims = list(range(1, 7))
@@ -308,13 +317,13 @@ def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_
     dk = dims[-1] if corner["dk"] == "max" else dims[0]
     dv = dk if corner.get("dv") != "other" or region.same_value_dim else (dims[0] if dk != dims[0] else dims[-1])
     return {
-        "index": index, "kernel": not small, "B": corner.get("batch", 1), "Hkv": hkv, "group": group, "is_causal": corner["is_causal"],
+        "index": index, "kernel": not small, "B": batch, "Hkv": hkv, "group": group, "is_causal": corner["is_causal"],
         "lengths": (lq, lk), "Dk": dk, "Dv": dv, "mask": corner.get("mask", 0),
         # A scale of a sign the region refuses becomes the default (1/sqrt(Dk), positive).
         "scale": corner["scale"] if scale_ok(region.scale, corner["scale"]) else None,
         "mask_kind": corner.get("mask_kind"),
         "magnitude": corner.get("magnitude", "unit"), "long_cache": corner.get("long_cache", False),
-        "causal_only": corner.get("causal_only", False),
+        "causal_only": corner.get("causal_only", False), "window": corner.get("window"),
     }
 
 

@@ -683,7 +683,11 @@ def _draw_variant_keywords(draw, inputs: dict, variants) -> list[str]:
         inputs["query_offset"] = offset
         words.append(f"offset={offset}")
     if "window" in variants:
-        window = (draw(_window_side(lk), label="window left"), draw(_window_side(lk), label="window right"))
+        if hint("window") is not None:  # a corner's window; "past": a side beyond every query-key distance
+            beyond = inputs.get("query_offset", 0) + lq + lk
+            window = tuple(beyond if side == "past" else side for side in hint("window"))
+        else:
+            window = (draw(_window_side(lk), label="window left"), draw(_window_side(lk), label="window right"))
         inputs["window"] = window
         words.append(f"window={window}")
     if "softcap" in variants:
@@ -841,22 +845,26 @@ MAX_SEQUENCE_LEN = 7
 SEQUENCE_TILE_LENGTHS = (8, 9, 15, 16, 17)  # one sequence past a tile of 8 or 16, one time in four
 GARBAGE_K_SIGMA, GARBAGE_V_SIGMA = 30.0, 100.0  # what lies where no used key is: a key read there dominates its row
 SEQUENCE_VARIANT_NAMES = ("window", "softcap", "alibi_slopes", "learnable_sink")
-# (Lq_b, Lk_b) per sequence; each pattern has an empty sequence and one with Lq_b != Lk_b.
+# (Lq_b, Lk_b) per sequence; each pattern has an empty sequence and one with Lq_b != Lk_b. The third, the non-causal
+# brief corner's (index 2), has a sequence with two more queries than any sequence has keys (_corner_window).
 SEQUENCE_PATTERNS = (
     ((3, 5), (0, 4), (5, 2), (4, 0)),
     ((1, 7), (4, 0), (6, 3)),
-    ((5, 2), (0, 0), (2, 6), (3, 3)),
+    ((5, 2), (0, 0), (2, 3), (3, 3)),
     ((7, 7), (0, 3), (5, 2)),
     ((2, 2), (6, 1), (0, 5), (3, 0)),
 )
 # (block_size, seqused_k per sequence, Lq, shared pages): a page boundary at the last key of one sequence, a partial
 # last page of another, an empty cache or more queries than keys.
+# The non-causal brief corner's (index 2) has more queries than the block table holds keys, plus two
+# (_corner_window).
 PAGED_PATTERNS = (
     (2, (4, 3, 0), 3, True),
-    (3, (6, 2), 4, True),
     (4, (5, 8, 1), 1, False),
+    (2, (2, 1), 6, True),
     (1, (3, 0, 5), 2, True),
     (3, (3, 7), 5, True),
+    (3, (6, 2), 4, True),
 )
 
 
@@ -907,7 +915,10 @@ def _sequence_variants(draw, op: str, inputs: dict, variants, b: int, hq: int, m
     words = []
     wanted = [name for name in variants if variant_allowed(name)]
     if "window" in wanted:
-        window = (draw(_window_side(max_keys), label="window left"), draw(_window_side(max_keys), label="window right"))
+        window = _corner_window(inputs) if hint("index") is not None else None
+        if window is None:
+            window = (draw(_window_side(max_keys), label="window left"),
+                      draw(_window_side(max_keys), label="window right"))
         inputs["window"] = window
         words.append(f"window={window}")
     scores = None
@@ -924,6 +935,20 @@ def _sequence_variants(draw, op: str, inputs: dict, variants, b: int, hq: int, m
         inputs["learnable_sink"] = _sink_logits(form, rng, _sequence_scores(op, inputs, hq))
         words.append(f"sink={form}")
     return words
+
+
+# A non-causal packed or paged corner's window: the left side bounded, the right unbounded.
+SEQUENCE_CORNER_WINDOW = (1, None)
+
+
+def _corner_window(inputs: dict) -> tuple | None:
+    """SEQUENCE_CORNER_WINDOW at a non-causal corner (None where it is causal: the band then bounds the right). Its
+    pattern's longest query run passes every sequence's keys (the block table's, paged) by two, so its first rows sit
+    before their keys (bottom-right): FlashAttention's varlen and kvcache paths give a bounded left side with an
+    unbounded right the right edge seqlen_k (the batch's longest, or the table's pages times their size), which
+    removes keys from those rows (flash-attention issue 895; a held-out kernel doing so passed 4 of 9 runs under
+    random windows)."""
+    return None if inputs.get("is_causal") else SEQUENCE_CORNER_WINDOW
 
 
 def _sequence_shapes_inside(draw, op: str, sigmas, variants, **facts):

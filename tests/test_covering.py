@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from attention_conformance.conformance import checks, covering, properties, test_properties
+from attention_conformance.conformance import checks, covering, oracle, properties, test_properties
 from attention_conformance.conformance.report import ConformanceFailure
 from attention_conformance.conformance.strategies import drawing_inside, sdpa_cases
 from attention_conformance.implementations import load_implementation
@@ -306,3 +306,72 @@ def test_a_covering_corners_learnable_sink_changes_its_rows():
     assert len(cases) >= 4
     assert all("sink=below" not in case.label for case in cases)
     assert "below" in strategies.SINK_FORMS  # random draws still take it
+
+
+def test_the_non_causal_corners_window_has_a_left_side_past_every_key_and_a_right_edge_that_removes_keys():
+    """A kernel that ran full attention where a window's left side passed every query position without is_causal
+    (libflash_attn PR 11) was caught by one random decode case per run: the non-causal corner every brief set holds
+    now takes (past, 0), where only the right edge removes keys."""
+    from attention_conformance.conformance.strategies import variant_cases
+
+    strategy = variant_cases(variants=("window", "query_offset"), clauses=("sdpa.window",))
+    case = corner_cases(EVERYTHING, strategy)[2]
+    q, k = case.inputs["q"], case.inputs["k"]
+    left, right = case.inputs["window"]
+    offset = case.inputs.get("query_offset", 0)
+    assert not case.inputs.get("is_causal") and right == 0 and left >= offset + q.shape[2]  # past every distance
+    assert 2 in properties.BRIEF_CORNERS and 2 in properties.BRIEF_CORNERS_COMPILED
+    assert not oracle.positions_allowed(q.shape[2], k.shape[2], False, (left, 0), offset).all()  # the right edge
+
+
+@pytest.mark.parametrize("op", ["sdpa_varlen", "sdpa_paged"])
+def test_the_non_causal_sequence_corner_has_queries_past_every_key_and_a_left_only_window(op):
+    """FlashAttention gives a bounded left side with an unbounded right the right edge seqlen_k (the batch's longest
+    sequence of keys; the block table's pages times their size, paged): wrong for a sequence with two more queries
+    than that, whose first rows sit before its keys (flash-attention issue 895). Random windows met it in some runs
+    (a held-out kernel doing so passed 4 of 9): the non-causal brief corner of sdpa_varlen and sdpa_paged has such a
+    sequence and the window (1, None), and that edge removes keys there."""
+    from attention_conformance.conformance import strategies
+
+    strategy = (strategies.varlen_cases if op == "sdpa_varlen" else strategies.paged_cases)(
+        variants=("window",), clauses=("varlen.variants",))
+    case = corner_cases(EVERYTHING, strategy)[2]
+    assert not case.inputs.get("is_causal") and case.inputs["window"] == strategies.SEQUENCE_CORNER_WINDOW
+    sequences = oracle.sequence_cases(op, case.inputs)
+    if op == "sdpa_varlen":
+        reach = max(one["k"].shape[2] for one in sequences)
+    else:
+        table = case.inputs["block_table"]
+        reach = table.shape[1] * case.inputs["k_cache"].shape[1]
+    lq, lk = max((one["q"].shape[2], one["k"].shape[2]) for one in sequences)
+    assert lq >= reach + 2
+    kept = oracle.positions_allowed(lq, lk, False, (1, None), lk - lq)[0, 0]
+    clamped = oracle.positions_allowed(lq, lk, False, (1, reach), lk - lq)[0, 0]
+    assert (kept != clamped).any()
+
+@pytest.mark.parametrize("name", ["everything", "pallas", "flash"])
+def test_every_kernel_corner_past_a_query_block_is_built_with_its_lengths_and_batch(name):
+    """The batch-2 corners past a query block (4 heads, 129 x 192) passed the score budget that sdpa_cases counts
+    with the batch, so they drew their lengths instead: Hypothesis's simplest, Lq 1 and Lk 1, for every variant
+    property of a non-compiling implementation. A corner fits the budget with its batch, and is built as hinted."""
+    from attention_conformance.conformance.strategies import variant_cases
+
+    region = REGIONS[name]
+    strategy = variant_cases(variants=("window",), clauses=("sdpa.window",), mask_kinds=("none", "key-padding",
+                                                                                        "bool-full"))
+    hints = covering.covering_hints(region, small=False, past_query_block=True)
+    built = []
+    with drawing_inside(region):
+        for corner in hints:
+            with covering.building(corner):
+                try:
+                    built.append((corner, covering.DeterministicDraw(corner["index"])(strategy)))
+                except (pytest.skip.Exception, covering.CannotBuild):
+                    continue
+    assert len(built) >= 10
+    for corner, case in built:
+        q, k = case.inputs["q"], case.inputs["k"]
+        assert q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= covering.COVERING_SCORE_BUDGET
+        assert sorted((q.shape[2], k.shape[2])) == sorted(corner["lengths"]) or corner.get("long_cache"), case.label
+        assert q.shape[0] == corner["B"], case.label
+    assert any(corner["B"] == 2 and max(corner["lengths"]) > 128 for corner, _ in built)

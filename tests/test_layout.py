@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attention_conformance.conformance import oracle
 from attention_conformance.conformance.cases import Case
 from attention_conformance.conformance.checks import Judge
 from attention_conformance.conformance.gradients import gradients
@@ -189,6 +190,30 @@ def test_a_case_without_an_attending_row_is_not_probed_for_the_layout(kept_recor
     with pytest.raises(ConformanceFailure) as raised:  # as test_key_lengths_are_a_key_padding_mask files it
         judge.fail("sdpa.varlen", case, inputs, "key lengths against the same keys masked: outputs differ", "")
     assert raised.value.clause == "sdpa.varlen", str(raised.value)
+
+
+class WindowOneKeyWide:
+    """A flash wrapper that kept one key too many on a window's left (transformers issue 39408): correct otherwise."""
+
+    DTYPES = ("float64",)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None):
+        wider = None if window is None else (None if window[0] is None else window[0] + 1, window[1])
+        return oracle.sdpa(q, k, v, mask, is_causal, scale, window=wider).astype(q.dtype)
+
+
+def test_a_case_whose_rows_weigh_one_key_each_is_not_probed_for_the_layout(kept_records):
+    """Window (0, 0) on one head keeps each query's own key alone: the output copies v's rows, and so does the other
+    layout's reading (one key a row, the kv head read as the keys), whatever the fault. The window's fault stays
+    sdpa.window's (it was filed under contract.layout)."""
+    q, k, v = np.array([[[[1.0], [-2.0], [0.5]]]]), np.array([[[[3.0], [1.0], [-1.0]]]]), np.array([[[[1.0], [2.0],
+                                                                                                       [4.0]]]])
+    case = Case("sdpa", {"q": q, "k": k, "v": v, "window": (0, 0)}, ("sdpa.window",), "window-diagonal-only")
+    judge = Judge(load_implementation("tests.test_layout:WindowOneKeyWide"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(case)
+    assert raised.value.clause == "sdpa.window", str(raised.value)
 
 
 def test_an_output_in_the_other_layout_is_a_shape_failure_naming_the_layout(kept_records):
