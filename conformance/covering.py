@@ -258,7 +258,10 @@ def _length_pair(relation: str, region: Region, small: bool, past_query_block: b
     if relation == "q<k":
         if past_query_block and len(past_block) > 1:
             return past_block[0], past_block[min(len(past_block) - 1, 2)]
-        return up_to_block[-1], past_block[min(len(past_block) - 1, 2)]
+        # Queries a whole block, keys one past two blocks (64 and 129 at a block of 64): a kernel that decided its
+        # keys were whole blocks from the query length (Triton's EVEN_N from Lq) attended the padding past the last
+        # key; every other kernel pair had Lq off the block or Lk on it.
+        return up_to_block[-1], past_block[min(len(past_block) - 1, 3)]
     if relation == "q=k":
         return past_block[0], past_block[0]
     if relation == "decode":

@@ -189,14 +189,16 @@ def _same_structure(value) -> str:
     return _SEED_WORDS.sub("", label) if label is not None else repr(value)
 
 
-# kernel_corners=UNLESS_COMPILED: the window, softcap, ALiBi, key-lengths and learnable-sink properties, whose tiled
+# kernel_corners=UNLESS_COMPILED: the window, softcap, ALiBi, query-offset, key-lengths and learnable-sink properties,
+# whose tiled
 # kernels' bugs live in the key blocks a window or a causal band leaves whole, past a kernel's first query block of
 # 128 rows, or in its split-KV decode path (held-out kernels that skipped the softcap there, added the sink once per
 # key block, cut the window's last key block at a query block's first row, measured ALiBi from the row inside its
 # query block, masked key lengths in the last key block only, or forgot the sink in split-KV decode passed default
 # runs). Their corners "q>k" and "q=k" go one past 128 rows (covering._length_pair) and the brief set adds decode.
 # Kernel-shaped corners there and in causal-with-mask cost the compiling built-ins 29 s of CPU cold (19.5 -> 48.4 s,
-# mostly XLA compiles), the others 0.5 s warm.
+# mostly XLA compiles), the others 0.5 s warm. A compiling implementation gets one: its first brief corner (a held-out
+# Pallas kernel whose causal key-block bound floored query_offset to its block passed every run on small corners).
 UNLESS_COMPILED = "unless compiled"
 
 
@@ -207,13 +209,17 @@ def covering_corners(impl, region, covering_set: str, kernel_corners: bool | str
     small = _small_shapes_inside(region)
     # A variant property's kernel-shaped corners reach a second query block of 128 rows; a compiling implementation
     # whose region holds only kernel shapes gets them too (the same number of compiles).
-    past_query_block = kernel_corners == UNLESS_COMPILED and (not compiled or not small)
+    variant_kernel = kernel_corners == UNLESS_COMPILED
+    past_query_block = variant_kernel and (not compiled or not small)
     if kernel_corners == UNLESS_COMPILED:
         kernel_corners = not compiled
     corners = covering.covering_hints(region, small and not kernel_corners, past_query_block=past_query_block)
     if covering_set == "brief":
         brief = BRIEF_KERNEL_CORNERS if past_query_block else BRIEF_CORNERS
         corners = [corners[i] for i in (BRIEF_CORNERS_COMPILED if compiled else brief)]
+        if variant_kernel and compiled and small:
+            # ... and one of them, the first, kernel-shaped past a query block (one program as the small one was)
+            corners[0] = covering.covering_hints(region, False, past_query_block=True)[BRIEF_CORNERS_COMPILED[0]]
     elif compiled:
         corners = corners[:COMPILED_CORNERS]
     return corners

@@ -68,7 +68,7 @@ def test_alibi(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(covering_set="brief", requires=needs("query_offset"))
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs("query_offset"))
 @sdpa_op
 @given(case=variant_cases(variants=("query_offset",), clauses=("sdpa.query-offset",), causal=st.just(True),
                           mask_kinds=("none", "key-padding")))
@@ -115,7 +115,7 @@ def test_unbounded_window_is_no_window(impl, device, dtype, case):
     _same(judge, unbounded, first, second, inputs, "sdpa.window", "window (None, None) against no window")
 
 
-@property_test(covering_set="brief", requires=needs("query_offset"),
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs("query_offset"),
                derives=(DerivedCase("runs the offset causal band as a boolean mask, without is_causal",
                                     sets={"is_causal": False, "mask_kind": "bool"}, drops=("query_offset",)),))
 @sdpa_op

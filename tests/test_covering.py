@@ -241,21 +241,25 @@ def test_the_decode_propertys_large_score_corner_has_a_long_cache():
 
 
 def test_the_variant_properties_take_kernel_corners_unless_the_implementation_compiles():
-    """test_window, test_softcap, test_alibi, test_varlen and test_learnable_sink (kernel_corners=UNLESS_COMPILED):
-    kernel-shaped corners, past a key block of 64, for an implementation that takes the small shapes and calls
-    cheaply (held-out tiled kernels that skipped the softcap on whole key blocks, added the sink once per block, or
-    cut a window's last key block passed with small corners); small ones for a compiling implementation, each
-    kernel-shaped corner another compile."""
+    """test_window, test_softcap, test_alibi, the query-offset tests, test_varlen and test_learnable_sink
+    (kernel_corners=UNLESS_COMPILED): kernel-shaped corners, past a key block of 64, for an implementation that takes
+    the small shapes and calls cheaply (held-out tiled kernels that skipped the softcap on whole key blocks, added the
+    sink once per block, or cut a window's last key block passed with small corners); for a compiling implementation
+    the first alone, past a query block (a held-out Pallas kernel whose causal key-block bound floored query_offset
+    to its block of 16 passed every run on small corners), the others small, each kernel-shaped corner another
+    compile."""
     from attention_conformance.conformance import test_variants
 
     kernel = properties.covering_corners(_Cheap(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
-    small = properties.covering_corners(_Compiling(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
+    compiled = properties.covering_corners(_Compiling(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
     assert kernel and all(hints["kernel"] and max(hints["lengths"]) > 64 for hints in kernel)
-    assert small and not any(hints["kernel"] for hints in small)
+    assert compiled[0]["kernel"] and min(compiled[0]["lengths"]) > covering.QUERY_BLOCK_ROWS
+    assert len(compiled) == 3 and not any(hints["kernel"] for hints in compiled[1:])
     assert properties.covering_corners(_Cheap(), EVERYTHING, "brief") == [
         h for i, h in enumerate(covering.covering_hints(EVERYTHING, small=True)) if i in properties.BRIEF_CORNERS]
     assert all(getattr(test_variants, name).kernel_corners == properties.UNLESS_COMPILED
-               for name in ("test_window", "test_softcap", "test_alibi", "test_varlen", "test_learnable_sink"))
+               for name in ("test_window", "test_softcap", "test_alibi", "test_varlen", "test_learnable_sink",
+                            "test_query_offset", "test_query_offset_is_a_shifted_causal_mask"))
 
 
 @pytest.mark.parametrize("implementation, region", [(_Cheap(), EVERYTHING), (_Compiling(), FLASH)],
@@ -375,3 +379,12 @@ def test_every_kernel_corner_past_a_query_block_is_built_with_its_lengths_and_ba
         assert sorted((q.shape[2], k.shape[2])) == sorted(corner["lengths"]) or corner.get("long_cache"), case.label
         assert q.shape[0] == corner["B"], case.label
     assert any(corner["B"] == 2 and max(corner["lengths"]) > 128 for corner, _ in built)
+
+
+def test_a_kernel_regions_q_lt_k_corner_has_queries_a_whole_block_and_keys_one_past_two():
+    """A Triton kernel that took EVEN_N (keys whole blocks) from Lq skipped the key mask where Lq is a multiple of
+    its block and Lk is not: every kernel corner had Lq off the block or Lk on it ((64, 128) among them). A region of
+    kernel shapes (head dims from 16, as Triton's tl.dot needs) now meets (64, 129) at its q<k corners, one of them
+    non-causal with unit scores (rows that reach the padding past the last key)."""
+    pairs = {(hints["lengths"], hints["is_causal"]) for hints in covering.covering_hints(FLASH, small=False)}
+    assert ((64, 129), False) in pairs, sorted(pairs)
