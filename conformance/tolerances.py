@@ -9,9 +9,10 @@ from __future__ import annotations
 import functools
 import math
 
+import ml_dtypes
 import numpy as np
 
-from attention_conformance.implementations._arrays import is_eight_bit
+from attention_conformance.implementations._arrays import is_eight_bit, numpy_dtype
 
 from . import oracle
 from .specdata import SPEC_DIR, read_yaml
@@ -47,13 +48,33 @@ def _constants(section: str) -> dict:
 
 
 def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
+    """spec/tolerances.yaml, softmax: each element's error relative to its p_j (the exponent's rounding |x_j - m|,
+    the normaliser's sum and its terms' exponents, the output's rounding, a shift other than the maximum), and the
+    output dtype's absolute rounding near 0."""
     c = _constants("softmax")
     x = np.asarray(x, dtype=np.float64)
     n = x.shape[axis]
     u = unit_roundoff(dtype)
-    magnitude = np.max(np.where(np.isfinite(x), np.abs(x), 0.0), axis=axis, keepdims=True)
-    p = oracle.softmax(x, axis=axis)
-    return u * (c["c_out"] + c["c_acc"] * math.sqrt(n)) + c["c_shift"] * u * p * magnitude
+    finite = np.isfinite(x)
+    magnitude = np.max(np.where(finite, np.abs(x), 0.0), axis=axis, keepdims=True)
+    top = np.max(np.where(finite, x, -np.inf), axis=axis, keepdims=True)
+    shift = np.where(finite, np.abs(x - np.where(np.isfinite(top), top, 0.0)), 0.0)  # |x_j - m|
+    with np.errstate(invalid="ignore"):
+        p = np.nan_to_num(oracle.softmax(x, axis=axis))  # a slice without a finite entry: no p
+    spread = np.sum(p * shift, axis=axis, keepdims=True)  # sum_l p_l |x_l - m|
+    # The normaliser's sum in the accumulator: float32 for the 16-bit dtypes (section sixteen_bit), else the dtype's.
+    u_acc = _accumulator_roundoff() if is_sixteen_bit(dtype) else u
+    rounding = u * (c["c_out"] + c["c_exp"] * (shift + spread) + c["c_shift"] * magnitude)
+    return p * (rounding + c["c_acc"] * u_acc * math.sqrt(n)) + c["c_out"] * _near_zero(dtype)
+
+
+def _near_zero(dtype: str) -> float:
+    """spec/tolerances.yaml, softmax: eta_out, the absolute rounding of a result near 0 in the output dtype."""
+    def smallest(name: str) -> float:
+        return float(ml_dtypes.finfo(numpy_dtype(name)).smallest_normal)
+
+    eta = smallest(dtype) * (unit_roundoff(dtype) if is_sixteen_bit(dtype) else 1.0)
+    return eta if dtype == "float64" else max(eta, smallest("float32"))
 
 
 def _output_growth(growth) -> float | np.ndarray:
