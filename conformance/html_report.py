@@ -457,7 +457,11 @@ def _render_plot(points: list[dict], names: list[str], Figure, FigureCanvasAgg) 
     # Exact results (ratio 0) and ratios far below the rest sit on a floor line a decade under the
     # smallest positive ratio, at most 12 decades below 1, so the axis stays readable.
     floor = max(min(positive) / 10.0, 1e-12) if positive else 1e-3
-    top = max([r for r in finite] + [10.0]) * 10.0
+    # ... and ratios past 12 decades above it (an error where the allowance is the dtype's rounding near 0: 1e306
+    # broke the log axis) on the top line with the infinite ones.
+    ceiling = 1e12
+    top = min(max([r for r in finite] + [10.0]) * 10.0, ceiling)
+    high = sum(r > top for r in finite)
     width = min(24.0, max(7.0, 1.1 * len(names) + 2.5))
     fig = Figure(figsize=(width, 5.2), dpi=100)
     FigureCanvasAgg(fig)
@@ -474,7 +478,7 @@ def _render_plot(points: list[dict], names: list[str], Figure, FigureCanvasAgg) 
                 ratios = [p["ratio"] for p in groups.get((name, dtype), []) if p["status"] == status]
                 if not ratios:
                     continue
-                ys = [top if math.isinf(r) else max(r, floor) for r in ratios]
+                ys = [min(max(r, floor), top) for r in ratios]
                 low += sum(r < floor for r in ratios)
                 xs = [centre + rng.uniform(-0.35, 0.35) * slot for _ in ys]
                 marker, size = STATUS_MARKERS[status]
@@ -489,6 +493,8 @@ def _render_plot(points: list[dict], names: list[str], Figure, FigureCanvasAgg) 
         ax.axhline(floor, color="#bbbbbb", linewidth=0.8, linestyle=":")
         notes.append(f"{low} case(s) with a ratio below {floor:.1e} (exact results included) are drawn on the "
                      "dotted floor line.")
+    if high:
+        notes.append(f"{high} case(s) with a ratio above {top:.0e} are drawn on the top edge.")
     ax.set_yscale("log")
     ax.set_ylim(floor / 2.0, top * 2.0)
     ax.set_xlim(-0.6, len(names) - 0.4)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import functools
 import math
 
-import ml_dtypes
 import numpy as np
 
-from attention_conformance.implementations._arrays import is_eight_bit, numpy_dtype
+from attention_conformance.implementations._arrays import is_eight_bit
 
 from . import oracle
 from .specdata import SPEC_DIR, read_yaml
@@ -71,7 +70,8 @@ def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
 def _near_zero(dtype: str) -> float:
     """spec/tolerances.yaml, softmax: eta_out, the absolute rounding of a result near 0 in the output dtype."""
     def smallest(name: str) -> float:
-        return float(ml_dtypes.finfo(numpy_dtype(name)).smallest_normal)
+        # bfloat16 keeps float32's 8 exponent bits, so its smallest normal number is float32's (2^-126)
+        return float(np.finfo("float32" if name == "bfloat16" else name).smallest_normal)
 
     eta = smallest(dtype) * (unit_roundoff(dtype) if is_sixteen_bit(dtype) else 1.0)
     return eta if dtype == "float64" else max(eta, smallest("float32"))

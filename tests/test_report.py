@@ -468,3 +468,13 @@ def test_a_report_under_xdist_has_the_workers_records(tmp_path):
     assert report["environment"]["versions"]["numpy"]  # imported by the worker that ran the cases
     page = html_path.read_text(encoding="utf-8")
     assert html_path.name == "r.html" and '<a href="r.json.gz">' in page
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed: the plot is a table then")
+def test_the_plot_draws_a_ratio_past_twelve_decades_on_its_top_edge():
+    """A float64 softmax element whose exact value underflowed to 0 is allowed the dtype's rounding near 0 (about
+    4e-307): a wrong value there is a ratio near 1e306, which broke the log axis and lost the plot."""
+    cases = [{"status": "failed", "implementation": "wrong", "dtype": "float64", "ratio": 1.4e306},
+             {"status": "passed", "implementation": "right", "dtype": "float64", "ratio": 0.02}]
+    page = html_report._plot(cases, ["wrong", "right"])
+    assert '<img class="plot"' in page and "drawn on the top edge" in page
