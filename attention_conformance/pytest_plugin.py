@@ -47,6 +47,7 @@ MARKERS = (
     "absent_device(device, impl): cases for a device this machine lacks (deselected, counted in the summary)",
     "large_shapes: opt-in sdpa cases at realistic sizes, run with --large-shapes",
     "eight_bit: a test of 8-bit inputs (FP8), parametrised over the 8-bit dtypes an implementation declares only",
+    "dtypes(*names): a test parametrised over these dtypes only (of those an implementation declares)",
 )
 DEFAULT_TIMEOUT = 120  # seconds per test (pytest-timeout), as pyproject.toml's `timeout`
 # Errors and declared deviations (xfail/xpass) by name. Not pytest's list of failed tests ("f"): each failure's block

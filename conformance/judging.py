@@ -485,8 +485,10 @@ class Judge(Containment, Attribution):
         bad = ~np.isfinite(got) & specified
         if bad.any():
             index = tuple(int(i) for i in np.argwhere(bad)[0])
-            # On large-magnitude inputs a NaN or inf is the overflow the large-inputs clause forbids.
-            finite_clause = "softmax.large-inputs" if "softmax.large-inputs" in case.clauses else "sdpa.finite"
+            # On large-magnitude inputs a NaN or inf is the overflow the large-inputs clause forbids, with an outlier
+            # channel the one of the unscaled q.k.
+            finite_clause = next((c for c in ("softmax.large-inputs", "sdpa.score-range") if c in case.clauses),
+                                 "sdpa.finite")
             self.fail(
                 finite_clause, case, inputs,
                 f"{int(bad.sum())} non-finite output element(s) where the oracle is finite",

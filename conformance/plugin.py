@@ -347,10 +347,13 @@ def parametrize(metafunc) -> None:
         metafunc.parametrize(("fixture_case", "impl", "device", "dtype"), _fixture_rows(triples))
         return
     eight_bit = metafunc.definition.get_closest_marker("eight_bit") is not None
-    triples = implementation_params(metafunc.config, op, applies, EIGHT_BIT_DTYPE_NAMES if eight_bit else DTYPE_NAMES)
+    only = metafunc.definition.get_closest_marker("dtypes")  # a property of some dtypes (float16's range, say)
+    names = tuple(only.args) if only else EIGHT_BIT_DTYPE_NAMES if eight_bit else DTYPE_NAMES
+    triples = implementation_params(metafunc.config, op, applies, names)
     if not triples:  # one item saying why, not pytest's "got empty parameter set for (impl, device, dtype)"
         reason = ("no implementation of this run declares an 8-bit dtype (float8_e4m3fn, float8_e5m2 in DTYPES)"
-                  if eight_bit else "no implementation of this run declares a dtype that --dtype selects")
+                  if eight_bit else f"no implementation of this run declares {' or '.join(names)}" if only
+                  else "no implementation of this run declares a dtype that --dtype selects")
         triples = [pytest.param(None, None, None, id="none", marks=[pytest.mark.skip(reason=reason)])]
     metafunc.parametrize(("impl", "device", "dtype"), triples)
 

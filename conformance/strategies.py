@@ -8,6 +8,7 @@ where attention bugs live, and a repro prints the values literally.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -624,6 +625,35 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
     label = (f"B{b} H{h} Lq{lq} Lk{lk} E{e} E_kv{e_kv} Dk{dk} Dv{dv} bias={with_bias} mask={kind}"
              f"{' causal' if is_causal else ''} seed={seed}")
     return Case("multi_head_attention", inputs, tuple(clauses), label, mask_kind=kind)
+
+
+# ------------------------------------------------------------------ outlier channels
+# Activations with an outlier feature (LLM.int8(), Dettmers et al. 2022; "massive activations", Sun et al. 2024): one
+# channel of q and of k hundreds of times the others. The unscaled product q.k then passes float16's largest value
+# (65504) while scale * q.k stays inside it: an implementation that rounds q @ k^T to float16 before the scale gets
+# inf, then NaN (Hugging Face's eager attention computes q @ k^T, then * scaling); one that scales q first, or scales
+# in its float32 accumulator, stays finite. Only float16's range is so narrow: in bfloat16 and float32, whose range
+# is float32's, the scaled score would overflow too.
+OUTLIER_UNSCALED_SCORE = 1.5 * 65504.0  # the largest |q.k| of a case: the outlier channel's product
+OUTLIER_HEAD_DIMS = (16, 32, 64, 128)  # scale 1/sqrt(Dk) <= 1/4: |scale q.k| <= 2.5e4, inside float16's range
+
+
+@st.composite
+def outlier_channel_cases(draw, *, clauses=("sdpa.score-range", "sdpa.finite")) -> Case:
+    """An sdpa case (default scale, no mask or key padding) whose q and k carry one outlier channel: q's is
+    sqrt(OUTLIER_UNSCALED_SCORE) in every row, k's that times +-1 per key."""
+    case = draw(sdpa_cases(mask_kinds=("none", "key-padding"), scale=st.none(), dims=st.sampled_from(OUTLIER_HEAD_DIMS),
+                           same_dims=True, clauses=clauses), label="base case")
+    inputs = dict(case.inputs)
+    q, k = inputs["q"].copy(), inputs["k"].copy()
+    channel = draw(st.integers(0, q.shape[-1] - 1), label="outlier channel")
+    signs = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="signs seed")).choice([-1.0, 1.0],
+                                                                                              size=k.shape[:-1])
+    size = math.sqrt(OUTLIER_UNSCALED_SCORE)
+    q[..., channel], k[..., channel] = size, size * signs
+    inputs.update(q=q, k=k)
+    return Case("sdpa", inputs, case.clauses, f"{case.label} outlier channel {channel} (|q.k| up to "
+                f"{OUTLIER_UNSCALED_SCORE:.3g})", mask_kind=case.mask_kind)
 
 
 # ------------------------------------------------------------------ variants

@@ -464,7 +464,8 @@ class NumpyNative:
     """The oracle's math in the input dtype: every intermediate is rounded to it.
 
     Matmuls and sums of 16-bit values accumulate in float32 and are rounded once
-    (NumPy's float16 and bfloat16 matmuls do so themselves; sums are asked to).
+    (NumPy's float16 and bfloat16 matmuls do so themselves; sums are asked to); the
+    score scale * q.k is one intermediate, scaled in the accumulator.
     """
 
     NAME = "numpy_native"
@@ -489,10 +490,13 @@ class NumpyNative:
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
         lq, lk = q.shape[-2], k.shape[-2]
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        # A 16-bit score may overflow to inf: at a removed key (test_masked_keys_have_no_influence scales the dead
-        # keys' k) it is masked below; at an attended one it reaches the output, where the judge sees it. No warning.
+        # The score scale * q.k is one intermediate, rounded once: q.k accumulated and scaled in the accumulator (an
+        # outlier channel takes the unscaled q.k past float16's range while the score stays inside it). A 16-bit score
+        # may still overflow to inf: at a removed key (test_masked_keys_have_no_influence scales the dead keys' k) it
+        # is masked below; at an attended one it reaches the output, where the judge sees it. No warning.
+        acc = _accumulator(dtype)
         with np.errstate(over="ignore"):
-            scores = ((q @ np.swapaxes(k, -1, -2)).astype(dtype) * dtype.type(scale)).astype(dtype)
+            scores = ((q.astype(acc) @ np.swapaxes(k, -1, -2).astype(acc)) * acc.type(scale)).astype(dtype)
         if softcap is not None:
             cap = dtype.type(softcap)
             # A 16-bit score far past the cap (a packed batch's unused keys, masked below) overflows s / cap to inf,
@@ -569,7 +573,7 @@ class NumpyNative:
 
 
 class TorchMath:
-    """Hand-written torch: matmul, masked_fill, softmax, matmul, in the input dtype."""
+    """Hand-written torch: q scaled, matmul, masked_fill, softmax, matmul, in the input dtype."""
 
     NAME = "torch_math"
     ARRAY = "torch"
@@ -592,7 +596,9 @@ class TorchMath:
         v = v.repeat_interleave(group, dim=1)
         lq, lk = q.shape[-2], k.shape[-2]
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        scores = (q @ k.transpose(-1, -2)) * scale
+        # q scaled first (as BART, Whisper and Flax do): q @ k^T of an outlier channel passes float16's range where
+        # the scaled score does not (Hugging Face's eager q @ k^T * scaling overflows there).
+        scores = (q * scale) @ k.transpose(-1, -2)
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if alibi_slopes is not None:

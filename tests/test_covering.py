@@ -388,3 +388,16 @@ def test_a_kernel_regions_q_lt_k_corner_has_queries_a_whole_block_and_keys_one_p
     non-causal with unit scores (rows that reach the padding past the last key)."""
     pairs = {(hints["lengths"], hints["is_causal"]) for hints in covering.covering_hints(FLASH, small=False)}
     assert ((64, 129), False) in pairs, sorted(pairs)
+
+
+def test_an_outlier_channel_case_passes_float16s_range_unscaled_and_not_scaled():
+    """sdpa.score-range: in float16 the unscaled q.k of an outlier channel passes 65504 and the scaled score does
+    not; an implementation that rounds q @ k^T before its scale (zoo broken_scores_unscaled_in_float16) overflows."""
+    from attention_conformance.conformance.strategies import outlier_channel_cases
+
+    for index in range(4):
+        with drawing_inside(EVERYTHING):
+            case = covering.DeterministicDraw(index)(outlier_channel_cases())
+        q, k = (case.inputs[n].astype(np.float16).astype(np.float64) for n in "qk")
+        raw = np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, q.shape[1]), -1, -2))
+        assert raw.max() > 65504 and raw.max() * q.shape[-1] ** -0.5 < 65504 / 2, case.label
