@@ -33,7 +33,7 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     lq, lk = q.shape[-2], k.shape[-2]
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = (q @ k.transpose(-2, -1)) * scale
+    scores = (q * scale) @ k.transpose(-2, -1)  # q scaled first: q @ k^T may pass float16's range
     full = scores.shape
     if mask is not None:
         m = torch.as_tensor(mask)

@@ -30,7 +30,7 @@ def forward_parts(q, k, v, mask, is_causal, scale):
     group = hq // hkv
     k_rep, v_rep = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    s = (q @ k_rep.transpose(-2, -1)) * scale
+    s = (q * scale) @ k_rep.transpose(-2, -1)  # q scaled first: q @ k^T may pass float16's range
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
     if is_causal:

@@ -74,7 +74,7 @@ class VariantSDPA(torch.autograd.Function):
         k_rep = k.repeat_interleave(group, dim=1)
         lq, lk = q.shape[2], k.shape[2]
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        s = (q @ k_rep.transpose(-2, -1)) * scale
+        s = (q * scale) @ k_rep.transpose(-2, -1)  # q scaled first: q @ k^T may pass float16's range
         capped = None
         if softcap is not None:
             capped = torch.tanh(s / softcap) * softcap
