@@ -190,9 +190,8 @@ def _same_structure(value) -> str:
 
 
 # kernel_corners=UNLESS_COMPILED: the window, softcap, ALiBi, query-offset, key-lengths and learnable-sink properties,
-# whose tiled
-# kernels' bugs live in the key blocks a window or a causal band leaves whole, past a kernel's first query block of
-# 128 rows, or in its split-KV decode path (held-out kernels that skipped the softcap there, added the sink once per
+# whose tiled kernels' bugs live in the key blocks a window or a causal band leaves whole, past a kernel's first query
+# block of 128 rows, or in its split-KV decode path (held-out kernels that skipped the softcap there, added the sink once per
 # key block, cut the window's last key block at a query block's first row, measured ALiBi from the row inside its
 # query block, masked key lengths in the last key block only, or forgot the sink in split-KV decode passed default
 # runs). Their corners "q>k" and "q=k" go one past 128 rows (covering._length_pair) and the brief set adds decode.
@@ -211,7 +210,7 @@ def covering_corners(impl, region, covering_set: str, kernel_corners: bool | str
     # whose region holds only kernel shapes gets them too (the same number of compiles).
     variant_kernel = kernel_corners == UNLESS_COMPILED
     past_query_block = variant_kernel and (not compiled or not small)
-    if kernel_corners == UNLESS_COMPILED:
+    if variant_kernel:
         kernel_corners = not compiled
     corners = covering.covering_hints(region, small and not kernel_corners, past_query_block=past_query_block)
     if covering_set == "brief":
