@@ -30,7 +30,7 @@ import numpy as np
 from attention_conformance.implementations._arrays import ARRAY_KINDS, NotDifferentiable, differentiable_kinds
 
 from . import oracle, oracle_backward
-from .tolerances import model, tf32_unit_roundoff, unit_roundoff
+from .tolerances import model, smallest_normal, tf32_unit_roundoff, unit_roundoff
 
 GRAD_NAMES = {"q": "dq", "k": "dk", "v": "dv", "mask": "dmask", "learnable_sink": "dsink"}
 __all__ = ["NotDifferentiable", "backward_allowed", "gradients"]
@@ -150,7 +150,7 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
     c = _constants() if constants is None else constants
     cv = _variant_constants(constants)
     u = max(unit_roundoff(dtype), tf32_unit_roundoff()) if tf32 else unit_roundoff(dtype)
-    eta = float(model()["sdpa_backward"]["underflow"][dtype])  # absolute error of one rounding near 0
+    eta = smallest_normal(dtype)  # absolute error of one rounding near 0
     variants = {n: x for n, x in variants.items() if n != "query_lengths"}
     a = oracle_backward.attention_parts(q, k, v, d_out, mask, is_causal, scale, **variants)
     q64, k_rep, v_rep, d_o, p, dp, ds, sc = (a[n] for n in ("q", "k", "v", "d_out", "p", "dp", "ds", "scale"))

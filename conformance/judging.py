@@ -474,13 +474,10 @@ class Judge(Containment, Attribution):
         empty = np.zeros((), dtype=bool)
         if case.op in ROW_OPS:
             empty = self._fully_masked_rows(case, inputs)
-            rows_with_keys = specified & ~np.broadcast_to(empty[..., None], got.shape)
-            with np.errstate(invalid="ignore"):
-                wrong_elsewhere = bool(np.any(rows_with_keys & ~(np.abs(got - want) <= allowed)))
             # Rows with keys wrong too: the fault is not the empty rows' policy (a kernel that dropped a window whose
             # left side passed every position was filed under mask.fully-masked-row, where the window and a mask
             # emptied a row); the verdict on the values, and its attribution, name it.
-            if empty.any() and not wrong_elsewhere:
+            if empty.any() and not self._wrong_where_keys(got, want, allowed, empty, specified):
                 self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
         bad = ~np.isfinite(got) & specified
         if bad.any():
@@ -504,6 +501,13 @@ class Judge(Containment, Attribution):
         policy = self.policy(case, inputs)
         want, allowed = self._oracle(case, inputs, policy)
         self._judge_specified_values(case, inputs, got, want, allowed, policy, specified)
+
+    @staticmethod
+    def _wrong_where_keys(got, want, allowed, empty, specified) -> bool:
+        """Whether an output element of a row with keys (and specified) lies outside its allowance."""
+        rows_with_keys = specified & ~np.broadcast_to(empty[..., None], got.shape)
+        with np.errstate(invalid="ignore"):
+            return bool(np.any(rows_with_keys & ~(np.abs(got - want) <= allowed)))
 
     def _judge_fully_masked(self, case, inputs, got, want, allowed, empty, policy):
         __tracebackhide__ = True

@@ -945,7 +945,7 @@ def _sequence_variants(draw, op: str, inputs: dict, variants, b: int, hq: int, m
     words = []
     wanted = [name for name in variants if variant_allowed(name)]
     if "window" in wanted:
-        window = _corner_window(inputs) if hint("index") is not None else None
+        window = _corner_window(op, inputs) if hint("index") is not None else None
         if window is None:
             window = (draw(_window_side(max_keys), label="window left"),
                       draw(_window_side(max_keys), label="window right"))
@@ -967,18 +967,23 @@ def _sequence_variants(draw, op: str, inputs: dict, variants, b: int, hq: int, m
     return words
 
 
-# A non-causal packed or paged corner's window: the left side bounded, the right unbounded.
+# The window of a non-causal packed or paged corner whose queries pass every key (_corner_window): the left side
+# bounded, the right unbounded.
 SEQUENCE_CORNER_WINDOW = (1, None)
 
 
-def _corner_window(inputs: dict) -> tuple | None:
-    """SEQUENCE_CORNER_WINDOW at a non-causal corner (None where it is causal: the band then bounds the right). Its
-    pattern's longest query run passes every sequence's keys (the block table's, paged) by two, so its first rows sit
-    before their keys (bottom-right): FlashAttention's varlen and kvcache paths give a bounded left side with an
-    unbounded right the right edge seqlen_k (the batch's longest, or the table's pages times their size), which
-    removes keys from those rows (flash-attention issue 895; a held-out kernel doing so passed 4 of 9 runs under
-    random windows)."""
-    return None if inputs.get("is_causal") else SEQUENCE_CORNER_WINDOW
+def _corner_window(op: str, inputs: dict) -> tuple | None:
+    """SEQUENCE_CORNER_WINDOW at a non-causal corner whose pattern has a sequence with two more queries than any
+    sequence has keys (the block table's keys, paged), else None (drawn). Bottom-right, that sequence's first rows sit
+    before its keys: FlashAttention's varlen and kvcache paths give a bounded left side with an unbounded right the
+    right edge seqlen_k (the batch's longest, or the table's pages times their size), which removes keys from those
+    rows (flash-attention issue 895; a held-out kernel doing so passed 4 of 9 runs under random windows)."""
+    if inputs.get("is_causal"):
+        return None  # the band bounds the right
+    sequences = oracle.sequence_cases(op, inputs)
+    reach = (max(one["k"].shape[2] for one in sequences) if op == "sdpa_varlen"
+             else inputs["block_table"].shape[1] * inputs["k_cache"].shape[1])
+    return SEQUENCE_CORNER_WINDOW if any(one["q"].shape[2] >= reach + 2 for one in sequences) else None
 
 
 def _sequence_shapes_inside(draw, op: str, sigmas, variants, **facts):

@@ -67,14 +67,15 @@ def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
     return p * (rounding + c["c_acc"] * u_acc * math.sqrt(n)) + c["c_out"] * _near_zero(dtype)
 
 
+def smallest_normal(dtype: str) -> float:
+    """The dtype's smallest positive normal number (spec/tolerances.yaml, sdpa_backward: underflow)."""
+    return float(model()["sdpa_backward"]["underflow"][dtype])
+
+
 def _near_zero(dtype: str) -> float:
     """spec/tolerances.yaml, softmax: eta_out, the absolute rounding of a result near 0 in the output dtype."""
-    def smallest(name: str) -> float:
-        # bfloat16 keeps float32's 8 exponent bits, so its smallest normal number is float32's (2^-126)
-        return float(np.finfo("float32" if name == "bfloat16" else name).smallest_normal)
-
-    eta = smallest(dtype) * (unit_roundoff(dtype) if is_sixteen_bit(dtype) else 1.0)
-    return eta if dtype == "float64" else max(eta, smallest("float32"))
+    eta = smallest_normal(dtype) * (unit_roundoff(dtype) if is_sixteen_bit(dtype) else 1.0)
+    return eta if dtype == "float64" else max(eta, smallest_normal("float32"))
 
 
 def _output_growth(growth) -> float | np.ndarray:
