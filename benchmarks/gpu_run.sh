@@ -8,7 +8,8 @@
 # and its page go to $OUT (or ./gpu-run), gzipped, so that they survive a time-out: pytest is stopped with SIGTERM
 # after SECONDS (default 420), which still prints the summary and writes the report, marked incomplete.
 # Python packages the machine lacks travel as wheels in .whl/ (the device tool's README): installed first if present.
-# On 2026-11-27 (H200, 16 cores, commit 49f801d) the same run, with -n 16, reached 98 % of its items in 263 s.
+# On 2026-11-27 (H200, 16 cores, commit 49f801d) the same run, with -n 16, reached 98 % of its items in 263 s; on an
+# H100 (16 cores, commit 434a5e5) it completed, 5257 items, in 401 s (docs/gpu-runs/2026-11-27-h100).
 set -u
 limit="${1:-420}"
 shift || true

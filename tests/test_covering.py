@@ -401,3 +401,20 @@ def test_an_outlier_channel_case_passes_float16s_range_unscaled_and_not_scaled()
         q, k = (case.inputs[n].astype(np.float16).astype(np.float64) for n in "qk")
         raw = np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, q.shape[1]), -1, -2))
         assert raw.max() > 65504 and raw.max() * q.shape[-1] ** -0.5 < 65504 / 2, case.label
+
+
+@pytest.mark.parametrize("head_dims, scaled_past", [([8], 65504 / 2), ([2], 0.0)], ids=["Dk8", "Dk2"])
+def test_an_outlier_channel_case_of_a_kernel_region_stays_inside_float16(head_dims, scaled_past):
+    """A kernel-shaped case takes its region's head dims, not the property's (the GPU run's cuDNN case had Dk 8:
+    scaled scores up to 3.5e4, a row spanning 6.9e4). Below Dk 4 the product shrinks: at Dk 2 the full one would put
+    the scaled score at 6.9e4, past float16's range, a case no float16 implementation could pass."""
+    from attention_conformance.conformance.strategies import OUTLIER_SCALED_SCORE, outlier_channel_cases
+
+    region = parse_region({"head_dims": head_dims, "value_head_dim": "same"})
+    for index in range(3):
+        with drawing_inside(region):
+            case = covering.DeterministicDraw(index)(outlier_channel_cases())
+        q, k = (case.inputs[n].astype(np.float16).astype(np.float64) for n in "qk")
+        assert q.shape[-1] == head_dims[0], case.label
+        scaled = np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, q.shape[1]), -1, -2)) * q.shape[-1] ** -0.5
+        assert scaled_past < scaled.max() <= OUTLIER_SCALED_SCORE * 1.01, case.label

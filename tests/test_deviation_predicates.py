@@ -319,3 +319,19 @@ def test_the_cudnn_backward_deviation_is_dq_of_masked_16bit_cuda_cases_only():
     assert CUDA_CUDNN_MASKED_BACKWARD_NAN in TorchCuDNNAttention.KNOWN_DEVIATIONS
     assert CUDA_CUDNN_MASKED_BACKWARD_NAN not in TorchSDPA.KNOWN_DEVIATIONS  # its default dispatch passed them
     load_implementation("builtin:torch_sdpa_cudnn")  # the declaration is well formed
+
+
+def test_the_cudnn_finite_mask_fill_is_float16_score_range_with_a_mask_on_cuda_only():
+    """Declared from the H100 run's one torch_sdpa_cudnn failure and benchmarks/score_range_probe.py, never wider."""
+    from attention_conformance.implementations.builtin import (CUDA_CUDNN_FINITE_MASK_FILL, JaxCuDNNAttention,
+                                                               TorchCuDNNAttention, TorchSDPA)
+
+    when = CUDA_CUDNN_FINITE_MASK_FILL["when"]
+    facts = {"device": "cuda", "dtype": "float16", "mask_kind": "bool", "scale": None, "is_causal": True}
+    assert when(facts) and when({**facts, "mask_kind": "float", "is_causal": False})
+    assert not when({**facts, "mask_kind": "none"}) and not when({**facts, "dtype": "bfloat16"})
+    assert not when({**facts, "device": "cpu"})
+    assert CUDA_CUDNN_FINITE_MASK_FILL["clause"] == "sdpa.score-range"
+    assert CUDA_CUDNN_FINITE_MASK_FILL in TorchCuDNNAttention.KNOWN_DEVIATIONS
+    assert CUDA_CUDNN_FINITE_MASK_FILL in TorchSDPA.KNOWN_DEVIATIONS  # the probe: its dispatch picked cuDNN
+    assert CUDA_CUDNN_FINITE_MASK_FILL not in JaxCuDNNAttention.KNOWN_DEVIATIONS  # right on the same inputs
