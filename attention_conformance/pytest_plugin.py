@@ -226,6 +226,7 @@ def pytest_configure(config):
     if config.getoption("call_timeout") is not None:  # xdist workers inherit it
         os.environ["ATTENTION_CONFORMANCE_CALL_TIMEOUT"] = str(config.getoption("call_timeout"))
     support.bound_openmp_spinning()  # before support.configure imports the implementations
+    support.quiet_torch_trace_log()
     support.configure(config)
     support.start(config)
     _ACTIVE["config"] = config
