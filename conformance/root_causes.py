@@ -14,8 +14,8 @@ mask.before-softmax, ...), so the summary names the causes before the per-clause
 
 Factors are read off the record: its dtype, and for a generated sdpa case its label (``B1 Hq3/Hkv1 Lq3 Lk7 Dk1
 Dv1 mask=float causal scale=-1.0 ...``): mask kind, is_causal, mask with is_causal, the scale's sign, the head dim,
-Lq against Lk. A cause is a summary of the verdicts, never a verdict: every failure is still reported under its
-clause.
+Lq against Lk, the kv heads against the query heads. A cause is a summary of the verdicts, never a verdict: every
+failure is still reported under its clause.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ MESSAGE_WIDTH = 90  # characters of an exception message in a cause line
 _RAISED = re.compile(r"raised (?P<type>[A-Za-z_][\w.]*): (?P<message>.*?)(?: \(at [^)]*\))?(?:;|$)")
 _LABEL = re.compile(r"\bLq(?P<lq>\d+) Lk(?P<lk>\d+) Dk(?P<dk>\d+) Dv\d+ mask=(?P<mask>\S+)(?P<causal> causal)? "
                     r"scale=(?P<scale>\S+)")
+_HEADS = re.compile(r"\bHq(?P<hq>\d+)/Hkv(?P<hkv>\d+)\b")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 WORDS = {  # factor -> how a cause line says it
@@ -40,6 +41,8 @@ WORDS = {  # factor -> how a cause line says it
     ("scale", "default"): "the default scale",
     ("mask", "float"): "a float mask", ("mask", "bool"): "a boolean mask", ("mask", "none"): "no mask",
     ("lengths", "Lq>Lk"): "Lq > Lk", ("lengths", "Lq<Lk"): "Lq < Lk", ("lengths", "Lq=Lk"): "Lq = Lk",
+    ("kv", "grouped"): "1 < Hkv < Hq (grouped kv heads)", ("kv", "one"): "one kv head for several query heads",
+    ("kv", "full"): "Hkv = Hq",
 }
 
 
@@ -74,6 +77,10 @@ def factors(rec) -> frozenset:
                   ("Dk", label["dk"]), ("lengths", "Lq>Lk" if lq > lk else "Lq<Lk" if lq < lk else "Lq=Lk")}
         if masked and causal:
             found.add(("mask+causal", "yes"))
+        heads = _HEADS.search(rec.case or "")
+        if heads:  # Keras 3.15's NumPy backend raised for every grouped case and none of the others
+            hq, hkv = int(heads["hq"]), int(heads["hkv"])
+            found.add(("kv", "full" if hkv == hq else "one" if hkv == 1 else "grouped"))
         scale = label["scale"]
         if scale == "None":
             found.add(("scale", "default"))

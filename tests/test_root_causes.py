@@ -118,3 +118,20 @@ def test_hangs_the_per_test_limit_interrupted_are_counted_from_the_cases_that_na
     (cause,) = root_causes(failing)
     assert cause.description == ("the call hung (no result within the per-test time limit) on 2 cases; 6 later "
                                  "cases were failed without a call while it ran")
+
+
+def test_an_exception_raised_for_grouped_kv_heads_only_is_named_so():
+    """Keras 3.15.1's NumPy backend raised ValueError for every case with 1 < Hkv < Hq (its einsum cannot broadcast
+    the groups): without the kv heads among the factors the cause read "when the default scale (73 of 79)"."""
+    error = ("  problem  the implementation raised ValueError: operands could not be broadcast together with remapped "
+             "shapes [original->remapped]: (4,2,3)->(4,2,3)")
+
+    def heads(hq, hkv, scale="None"):
+        return label(scale=scale).replace("Hq2/Hkv1", f"Hq{hq}/Hkv{hkv}")
+
+    failing = ([record("failed", heads(4, 2), message=error) for _ in range(5)]
+               + [record("failed", heads(6, 2, scale="-0.35"), message=error)])
+    passing = [record("passed", heads(4, 1)), record("passed", heads(4, 4)), record("passed", heads(2, 2, "0.5"))]
+    (cause,) = root_causes(failing + passing)
+    assert cause.description.endswith("whenever 1 < Hkv < Hq (grouped kv heads)"), cause.description
+    assert ("kv", "one") in factors(passing[0]) and ("kv", "full") in factors(passing[1])
