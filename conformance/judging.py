@@ -476,8 +476,12 @@ class Judge(Containment, Attribution):
             empty = self._fully_masked_rows(case, inputs)
             # Rows with keys wrong too: the fault is not the empty rows' policy (a kernel that dropped a window whose
             # left side passed every position was filed under mask.fully-masked-row, where the window and a mask
-            # emptied a row); the verdict on the values, and its attribution, name it.
-            if empty.any() and not self._wrong_where_keys(got, want, allowed, empty, specified):
+            # emptied a row); the verdict on the values, and its attribution, name it. Unless their error is one the
+            # implementation declared (HF eager attention's float64 computed in float32, whose finfo(float64).min
+            # becomes -inf there: its empty rows NaN were filed under the undeclarable sdpa.finite).
+            if empty.any() and not (self._wrong_where_keys(got, want, allowed, empty, specified)
+                                    and not self.impl.declared_deviation(accuracy_clause(case),
+                                                                         self.facts(case, inputs))):
                 self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
         bad = ~np.isfinite(got) & specified
         if bad.any():

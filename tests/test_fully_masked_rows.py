@@ -259,3 +259,38 @@ def test_the_report_describes_each_form():
 def test_fully_masked_causes_without_a_fully_masked_row_is_empty():
     empty = np.zeros((1, 1, 3), dtype=bool)
     assert (fully_masked_causes(empty, 3, 2, np.zeros((3, 2), dtype=bool), True) == "").all()
+
+
+class Float64InFloat32:
+    """HF eager attention's float64: every input computed in float32 (declared, float64_computed_in_float32), where
+    its additive finfo(float64).min is -inf, so a row without keys is NaN although FULLY_MASKED_ROWS says the mean of v
+    (what the finite fill gives in float32)."""
+
+    DTYPES = ("float64",)
+    FULLY_MASKED_ROWS = "uniform"
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        s, keep, v64, _ = _attention_parts(q, k, v, mask, is_causal, scale)
+        fill = np.float32(-np.inf)  # finfo(float64).min in float32
+        weights = _plain_softmax(np.where(keep, s, fill).astype(np.float32))
+        return (weights @ v64.astype(np.float32)).astype(np.float64)
+
+
+def test_rows_with_keys_off_by_a_declared_error_leave_the_empty_rows_to_their_own_clause(kept_records):
+    """A fully masked row's verdict yields to the values of the rows with keys where those are wrong too, but not where
+    their error is declared: HF eager attention's float64 cases (float32 arithmetic, declared) had their NaN empty
+    rows filed under sdpa.finite, which no deviation can declare; they are a deviation of mask.fully-masked-row."""
+    from attention_conformance.implementations import deviations
+
+    mask = np.ones((6, 3), dtype=bool)
+    mask[2] = False
+    case = _case(mask=mask)
+    undeclared = from_object(Float64InFloat32, "float64_in_float32", "tests:float64_in_float32")
+    with pytest.raises(ConformanceFailure, match=r"\[sdpa\.finite\]"):
+        Judge(undeclared, "float64", "cpu").check(case)
+    declared = types.SimpleNamespace(**{name: getattr(Float64InFloat32, name) for name in
+                                        ("DTYPES", "FULLY_MASKED_ROWS", "sdpa")},
+                                     KNOWN_DEVIATIONS=(deviations.float64_computed_in_float32(),))
+    with pytest.raises(pytest.xfail.Exception, match=r"mask\.fully-masked-row"):
+        Judge(from_object(declared, "declared", "tests:declared"), "float64", "cpu").check(case)
