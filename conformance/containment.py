@@ -70,6 +70,19 @@ def call_timeout_s() -> float | None:
     return value if value > 0 else None
 
 
+# Texts of an exception that ran out of memory or of another resource (torch, CUDA, Triton, XLA). A probe changes the
+# case's shapes and so the kernel and its memory, and may fit where the case did not: its passing says nothing of a
+# feature. An H100 run filed "CUDA driver error: out of memory" (flex at Dk 256, 16 workers on one GPU) under
+# sdpa.gqa-mapping because the case with its kv heads repeated ran.
+RESOURCE_ERRORS = ("out of memory", "outofmemoryerror", "out of resource", "resource_exhausted")
+
+
+def resource_exhausted(problem: str) -> bool:
+    """Whether a raised exception's text says a resource ran out (RESOURCE_ERRORS): such a failure is not attributed."""
+    text = problem.lower()
+    return any(marker in text for marker in RESOURCE_ERRORS)
+
+
 class ImplementationHung(Exception):
     """A call did not return within the call time limit (now, or on an earlier case: ``label``)."""
 
@@ -390,7 +403,7 @@ class Containment:
         SUPPORT_COUNTS["supported"] += 1
         if raised:
             clause, blame = case.clauses[0], ""
-            surfaced = self.surfaced_fault(case, inputs)
+            surfaced = None if resource_exhausted(raised) else self.surfaced_fault(case, inputs)
             if surfaced:
                 clause = surfaced[0]
                 blame = f"; the same case runs and passes {surfaced[1]}: the fault is {clause}'s"

@@ -26,7 +26,8 @@ from attention_conformance.implementations._registry import mask_cause
 from . import oracle
 from .attribution import Attribution
 from .cases import Case, widen
-from .containment import LAST_UNSUPPORTED, SUPPORT_COUNTS, UNSUPPORTED_BEFORE_SKIP, Containment, HungEarlier
+from .containment import (LAST_UNSUPPORTED, SUPPORT_COUNTS, UNSUPPORTED_BEFORE_SKIP, Containment, HungEarlier,
+                          resource_exhausted)
 from .expected import (SEQUENCE_OPS, allowed_error, contract_output, expected_output, fully_masked_causes,
                        sequence_fully_masked_rows, sequence_row_causes)
 from .report import CaseRecord, ConformanceFailure, failure_message, repro
@@ -349,7 +350,7 @@ class Judge(Containment, Attribution):
         # A deviation declared for the clause covers the failure whatever the attribution finds (the clause becomes
         # drawn_for): its probes, several calls and oracles a case, are spared.
         if attribute and not stop and record is None and clause not in OWN_CHECK_CLAUSES \
-                and not clause.startswith("contract.") and not reason:
+                and not clause.startswith("contract.") and not reason and not (raised and resource_exhausted(problem)):
             surfaced = self.fault_behind(clause, case, inputs)
             if surfaced:
                 finding = "the same case runs and passes" if raised else \

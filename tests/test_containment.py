@@ -543,3 +543,69 @@ def test_refusals_must_be_a_tuple_of_texts(refusals):
 
     with pytest.raises(ImplementationLoadError, match="REFUSALS must be a tuple of non-empty strings"):
         from_object(Declared, "declared", "x:Declared")
+
+
+class RunsOutOfMemoryWithGroupedHeads:
+    """Fits only with as many kv heads as query heads, as a kernel whose grouped variant asks more memory might: the
+    repeated-kv probe then runs, which says nothing of the GQA mapping (an H100 run filed flex's "CUDA driver error:
+    out of memory" at Dk 256 under sdpa.gqa-mapping so)."""
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        if q.shape[1] != k.shape[1]:
+            raise RuntimeError("CUDA driver error: out of memory")
+        from examples.my_attention import sdpa
+
+        return sdpa(q, k, v, mask, is_causal, scale)
+
+
+class RaisesWithGroupedHeads(RunsOutOfMemoryWithGroupedHeads):
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+        if q.shape[1] != k.shape[1]:
+            raise ValueError("operands could not be broadcast together")
+        return RunsOutOfMemoryWithGroupedHeads.sdpa(q, k, v, mask, is_causal, scale)
+
+
+def test_a_resource_error_is_not_attributed_by_a_probe_that_fits(kept_records):
+    case = sdpa_case(("sdpa.definition",), hq=4, hkv=2, dv=4)
+    out_of_memory = from_object(RunsOutOfMemoryWithGroupedHeads, "oom", "tests:oom")
+    found = failure(Judge(out_of_memory, "float64", "cpu"), case)
+    assert found.clause == "sdpa.definition" and "out of memory" in str(found) and "fault is" not in str(found)
+    other = failure(Judge(from_object(RaisesWithGroupedHeads, "raises", "tests:raises"), "float64", "cpu"), case)
+    assert other.clause == "sdpa.gqa-mapping", str(other)  # any other exception is still attributed
+
+
+def test_a_resource_error_in_the_gradients_is_not_attributed_either(kept_records):
+    """The gradient tests' raised path (judging.fail with raised=True): the H100's flex at Dk 256, whose grouped case
+    ran out of memory forward and backward, was filed under sdpa.gqa-mapping from a check of grad.gqa-sum."""
+    torch = pytest.importorskip("torch")
+    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+
+    class OutOfMemoryBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            raise RuntimeError("CUDA driver error: out of memory")
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("CUDA driver error: out of memory")
+
+    class GroupedBackwardOutOfMemory:
+        ARRAY = "torch"
+
+        @staticmethod
+        def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+            grouped = q.shape[1] != k.shape[1]
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k.repeat_interleave(q.shape[1] // k.shape[1], 1), v.repeat_interleave(q.shape[1] // k.shape[1], 1),
+                attn_mask=mask, is_causal=is_causal, scale=scale)
+            return OutOfMemoryBackward.apply(out) if grouped else out
+
+    case = sdpa_case(("grad.gqa-sum",), hq=4, hkv=2, dv=4, mask=np.random.default_rng(9).standard_normal((3, 5)))
+    case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 4, 3, 4))
+    judge = GradientJudge(from_object(GroupedBackwardOutOfMemory, "grouped_oom", "tests:grouped_oom"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge_gradients(judge, case, case.rounded("float64"))
+    assert raised.value.clause == "grad.gqa-sum" and "out of memory" in str(raised.value)
+    assert "fault is" not in str(raised.value)
