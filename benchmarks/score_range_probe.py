@@ -16,8 +16,10 @@ import os
 
 import numpy as np
 
+from attention_conformance.conformance.strategies import OUTLIER_UNSCALED_SCORE
+
 B, H, HKV, L = 1, 4, 4, 64
-SIZE = math.sqrt(1.5 * 65504)
+SIZE = math.sqrt(OUTLIER_UNSCALED_SCORE)
 DEVICE = os.environ.get("PROBE_DEVICE", "cuda")  # cpu: a dry run of the script
 
 
@@ -91,14 +93,15 @@ def torch_paths(dk, inputs, keep, causal, ref):
 
 
 def jax_paths(dk, inputs, keep, causal, ref):
+    import jax.numpy as jnp
+
     from attention_conformance.implementations import builtin
 
+    q, k, v = (jnp.asarray(a) for a in inputs)
+    mask = None if keep is None else jnp.asarray(keep)
     for impl in (builtin.JaxNumpy, builtin.JaxDotProductAttention, builtin.JaxCuDNNAttention):
         try:
-            import jax.numpy as jnp
-
-            q, k, v = (jnp.asarray(a) for a in inputs)
-            out = impl.sdpa(q, k, v, mask=None if keep is None else jnp.asarray(keep), is_causal=causal)
+            out = impl.sdpa(q, k, v, mask=mask, is_causal=causal)
             report(impl.NAME, dk, keep, causal, np.asarray(out, np.float32), ref)
         except Exception as exc:
             print(f"{impl.NAME:34s} Dk {dk:3d} refused: {str(exc).splitlines()[0][:90]}", flush=True)

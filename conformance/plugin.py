@@ -267,15 +267,15 @@ def order_by_implementation(items) -> None:
     worker a contiguous share of the list, so a worker then compiles, warms up and caches for the implementations
     of its share only, and steals whole runs of one implementation's items from the other's tail (default run,
     2 workers: 64 -> 55 s; README "Speed")."""
-    first: dict[str, int] = {}
-    for item in items:
-        first.setdefault(_implementation_of(item), len(first))
-    compiled = {_implementation_of(item) for item in items if getattr(_impl_param(item), "compiled", False)}
     # Compiling implementations first: the head of a worker's share stays with it and a steal takes the tail. With
     # jax_dpa last in the list, the other worker had stolen part of it and 24 of its programs compiled in both; first,
     # all of its compiles ran in one worker (a cold default run: 286 XLA compiles against 300; its wall time within
     # this machine's noise, 3 runs each way).
-    items.sort(key=lambda item: (_implementation_of(item) not in compiled, first[_implementation_of(item)]))
+    rank: dict[str, tuple[bool, int]] = {}
+    for item in items:
+        impl = _impl_param(item)
+        rank.setdefault(_implementation_of(item), (not getattr(impl, "compiled", False), len(rank)))
+    items.sort(key=lambda item: rank[_implementation_of(item)])
 
 
 def _impl_param(item):
@@ -284,8 +284,7 @@ def _impl_param(item):
 
 
 def _implementation_of(item) -> str:
-    impl = _impl_param(item)
-    return getattr(impl, "name", "") if impl is not None else ""
+    return getattr(_impl_param(item), "name", "")
 
 
 def keep_this_shard(config, items) -> None:

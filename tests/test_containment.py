@@ -582,29 +582,19 @@ def test_a_resource_error_in_the_gradients_is_not_attributed_either(kept_records
     torch = pytest.importorskip("torch")
     from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
 
-    class OutOfMemoryBackward(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            raise RuntimeError("CUDA driver error: out of memory")
-
-        @staticmethod
-        def backward(ctx, grad):
-            raise RuntimeError("CUDA driver error: out of memory")
-
-    class GroupedBackwardOutOfMemory:
+    class GroupedOutOfMemory:
         ARRAY = "torch"
 
         @staticmethod
         def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
-            grouped = q.shape[1] != k.shape[1]
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, k.repeat_interleave(q.shape[1] // k.shape[1], 1), v.repeat_interleave(q.shape[1] // k.shape[1], 1),
-                attn_mask=mask, is_causal=is_causal, scale=scale)
-            return OutOfMemoryBackward.apply(out) if grouped else out
+            if q.shape[1] != k.shape[1]:
+                raise RuntimeError("CUDA driver error: out of memory")
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                                    scale=scale)
 
     case = sdpa_case(("grad.gqa-sum",), hq=4, hkv=2, dv=4, mask=np.random.default_rng(9).standard_normal((3, 5)))
     case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 4, 3, 4))
-    judge = GradientJudge(from_object(GroupedBackwardOutOfMemory, "grouped_oom", "tests:grouped_oom"), "float64", "cpu")
+    judge = GradientJudge(from_object(GroupedOutOfMemory, "grouped_oom", "tests:grouped_oom"), "float64", "cpu")
     with pytest.raises(ConformanceFailure) as raised:
         judge_gradients(judge, case, case.rounded("float64"))
     assert raised.value.clause == "grad.gqa-sum" and "out of memory" in str(raised.value)

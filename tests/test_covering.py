@@ -353,6 +353,7 @@ def test_the_non_causal_sequence_corner_has_queries_past_every_key_and_a_left_on
     clamped = oracle.positions_allowed(lq, lk, False, (1, reach), lk - lq)[0, 0]
     assert (kept != clamped).any()
 
+
 @pytest.mark.parametrize("name", ["everything", "pallas", "flash"])
 def test_every_kernel_corner_past_a_query_block_is_built_with_its_lengths_and_batch(name):
     """The batch-2 corners past a query block (4 heads, 129 x 192) passed the score budget that sdpa_cases counts
