@@ -297,7 +297,7 @@ def _sixteen_bit_underflow(u: float) -> float:
     """The smallest positive normal number of the 16-bit dtype whose unit roundoff is u."""
     for dtype in SIXTEEN_BIT:
         if unit_roundoff(dtype) == u:
-            return float(model()["sixteen_bit"]["underflow"][dtype])
+            return smallest_normal(dtype)
     raise ValueError(f"no 16-bit dtype has unit roundoff {u}")
 
 

@@ -814,6 +814,9 @@ class TorchFlashAttention(_TorchSDPAKernel):
     NAME = "torch_sdpa_flash"
     DTYPES = ("float16", "bfloat16")
     BACKEND = "FLASH_ATTENTION"
+    # Its own, not the default dispatch's (which picks cuDNN for 16 bits): the H100 and H200 runs reported 342 and 338
+    # of its cases under this one entry (sdpa.finite) and no other; it takes no mask, so cuDNN's are out of its reach.
+    KNOWN_DEVIATIONS = (CUDA_NAN_NONPOSITIVE_SCALE,)
     # FlashAttention-2 in torch: head dims a multiple of 8 up to 256, Dv == Dk, no attn_mask (is_causal only), and
     # is_causal only where Lq == Lk (H200, torch 2.11: "Flash attention does not support the is_causal flag when
     # seqlen_q != seqlen_k", for 74 shapes of the run).
@@ -830,6 +833,10 @@ class TorchMemoryEfficientAttention(_TorchSDPAKernel):
     # divisible by 4" in float32, "by 8" in 16 bits, for Dk or Dv; 12,538 of its cases were refused so, 2,135 judged).
     SUPPORTS = {"gqa": False, "head_dims": {"multiple": 4}}
     HEAD_DIM_MULTIPLE_16BIT = 8
+    # None: right where flash and cuDNN deviate (gpu-evidence/kernels-characterized.md: scale 0 and -0.3, fully masked
+    # rows, 16 bits, errors at most 1.8e-3), and 0 deviations of 3293 (H100) and 3268 (H200) judged cases in the
+    # suite's runs while it inherited the default dispatch's entries. Declaring them would hide those defects.
+    KNOWN_DEVIATIONS = ()
 
     @classmethod
     def supports(cls, facts):

@@ -335,3 +335,21 @@ def test_the_cudnn_finite_mask_fill_is_float16_score_range_with_a_mask_on_cuda_o
     assert CUDA_CUDNN_FINITE_MASK_FILL in TorchCuDNNAttention.KNOWN_DEVIATIONS
     assert CUDA_CUDNN_FINITE_MASK_FILL in TorchSDPA.KNOWN_DEVIATIONS  # the probe: its dispatch picked cuDNN
     assert CUDA_CUDNN_FINITE_MASK_FILL not in JaxCuDNNAttention.KNOWN_DEVIATIONS  # right on the same inputs
+
+
+def test_each_pinned_torch_kernel_declares_only_what_was_measured_of_it():
+    """The default dispatch's entries describe cuDNN (its pick for 16 bits); a pinned kernel inherited them all until
+    the H100 and H200 reports showed torch_sdpa_efficient with 0 deviations and torch_sdpa_flash with sdpa.finite only.
+    An inherited entry would pass the efficient kernel's NaN for scale 0 or its wrong fully masked rows."""
+    from attention_conformance.implementations.builtin import (CUDA_NAN_NONPOSITIVE_SCALE, TorchCuDNNAttention,
+                                                               TorchFlashAttention, TorchMemoryEfficientAttention,
+                                                               TorchSDPA)
+
+    facts = {"device": "cuda", "dtype": "float16", "mask_kind": "bool", "scale": 0.0, "is_causal": False,
+             "fully_masked": True, "Lk": 64}
+    declared = lambda cls: [d for d in cls.KNOWN_DEVIATIONS if d["when"](facts)]  # noqa: E731
+    assert declared(TorchMemoryEfficientAttention) == []
+    assert declared(TorchFlashAttention) == [CUDA_NAN_NONPOSITIVE_SCALE]
+    assert len(declared(TorchCuDNNAttention)) >= 3 and len(declared(TorchSDPA)) >= 3  # NaN scale, rows, mask fill
+    for name in ("torch_sdpa_efficient", "torch_sdpa_flash"):
+        load_implementation(f"builtin:{name}")  # the declarations are well formed
