@@ -36,8 +36,8 @@ from hypothesis.strategies._internal.strategies import (FilteredStrategy, OneOfS
 from attention_conformance.implementations._region import Region, causal_lengths_ok, scale_ok
 
 # The structural corners, most telling first (a property that admits fewer of them runs fewer cases).
-# lengths: "q>k" (more queries than keys: a causal key loop that runs past the last key block), "q<k", "q=k" at one
-# past a block, "decode" (Lq 1 against a long cache), "edge-1"/"edge" (one short of, at a block). kv: "grouped" (1 <
+# lengths: "q>k" (more queries than keys: a causal key loop that runs past the last key block), "q<k", "q=k" past a
+# block with a long tail (127 at 64; past 128 rows: one past), "decode" (Lq 1 against a long cache), "edge-1"/"edge" (one short of, at a block). kv: "grouped" (1 <
 # Hkv < Hq), "one" (Hkv = 1, Hq > 1), "full" (Hkv = Hq), "single" (one head). dk: the region's smallest or largest
 # head dim. scale: None (the default 1/sqrt(Dk)), or an explicit value. mask_kind: the corner's mask where the
 # property draws that kind, else ``mask``: the i-th kind the property draws. One kind per corner across properties: a
@@ -263,7 +263,13 @@ def _length_pair(relation: str, region: Region, small: bool, past_query_block: b
         # key; every other kernel pair had Lq off the block or Lk on it.
         return up_to_block[-1], past_block[min(len(past_block) - 1, 3)]
     if relation == "q=k":
-        return past_block[0], past_block[0]
+        if past_query_block:
+            return past_block[0], past_block[0]
+        # Past one block with a tail of many rows and keys (127 at a block of 64), where the other relations' tails
+        # are one long: a kernel whose masked tail path compared the tile-local key index with the row (the causal
+        # band right of the diagonal kept in the last, partial key tile) was exact at 65 and passed a default run.
+        tails = [n for n in past_block if n % block >= 2]
+        return (tails or past_block)[0], (tails or past_block)[0]
     if relation == "decode":
         return members[0], members[-1]
     if relation == "long-q":
@@ -301,8 +307,13 @@ def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_
         lq, lk = lk, lq
     # Fewer heads, then fewer batch entries, where the case would pass the score budget (sdpa_cases counts B * Hq *
     # Lq * Lk; a corner past it draws its lengths instead: the batch-2 corners past a query block fell to Lq 1, Lk 1);
-    # the length relation is the corner's point.
+    # the length relation is the corner's point. A grouped corner gives up its batch entry first: its groups are its
+    # point too (past a query block, B2 Hkv2 G2 at (129, 192) fell to one query head per kv head, so a compiling
+    # implementation's ALiBi and window properties met no grouped corner: a held-out kernel reading the slopes in the
+    # wrong GQA head order passed them).
     batch = corner.get("batch", 1)
+    while corner["kv"] == "grouped" and batch * hkv * group * lq * lk > COVERING_SCORE_BUDGET and batch > 1:
+        batch -= 1
     while batch * hkv * group * lq * lk > COVERING_SCORE_BUDGET and group > 1:
         group //= 2
     while batch * hkv * group * lq * lk > COVERING_SCORE_BUDGET and batch > 1:

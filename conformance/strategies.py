@@ -745,18 +745,20 @@ def _draw_variant_keywords(draw, inputs: dict, variants) -> list[str]:
 @st.composite
 def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), mask_kinds=("none",),
                   causal=st.booleans(), gqa: bool = True, scale=st.none(), same_lengths: bool = False,
-                  outermost: bool = True, **base) -> Case:
+                  outermost: bool = True, optional=(), **base) -> Case:
     """An sdpa case using the variant keywords named in ``variants`` (each always used) on a case of sdpa_cases.
 
     ``variants``: names of VARIANTS; "lengths" draws key_lengths and, half the time, query_lengths (where the
-    implementation runs them: its declared variants and its signature).
+    implementation runs them: its declared variants and its signature). ``optional``: names of VARIANTS each always
+    used where the implementation runs it, left out where it does not (a window property still judges the window of
+    an implementation without query_offset, at offset 0).
     ``base``: further keywords of sdpa_cases. ``outermost``: False where another strategy adds keywords to the
     case (sink_chunk_leftpad_cases), which then asks the region.
     """
     case = draw(sdpa_cases(mask_kinds=mask_kinds, causal=causal, gqa=gqa, scale=scale, same_lengths=same_lengths,
                            clauses=clauses, allow_empty_rows=True, outermost=False, **base), label="base case")
     inputs = dict(case.inputs)
-    words = _draw_variant_keywords(draw, inputs, variants)
+    words = _draw_variant_keywords(draw, inputs, tuple(variants) + tuple(v for v in optional if _runs_variant(v)))
     if outermost:
         _keep_inside(draw, shape_facts("sdpa", inputs))
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)
@@ -852,14 +854,16 @@ def _draw_sink_chunk_leftpad(draw, inputs: dict, features) -> list[str]:
 
 
 @st.composite
-def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), clauses=("sdpa.learnable-sink",),
-                             mask_kinds=("none",), causal=st.booleans(), **base) -> Case:
+def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), optional=(),
+                             clauses=("sdpa.learnable-sink",), mask_kinds=("none",), causal=st.booleans(),
+                             **base) -> Case:
     """An sdpa case using the issue-25 keywords named in ``features`` (each always used; SINK_FEATURES) on a case
-    of variant_cases with the older variant keywords ``variants`` (VARIANTS). With sink_token_length, a window
+    of variant_cases with the older variant keywords ``variants`` and ``optional`` (VARIANTS; as variant_cases
+    takes them). With sink_token_length, a window
     whose left edge is unbounded gets a bounded one (the sink tokens' only effect). ``base``: further keywords of
     variant_cases / sdpa_cases."""
-    case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal,
-                              outermost=False, **base), label="variant case")
+    case = draw(variant_cases(variants=variants, optional=optional, clauses=clauses, mask_kinds=mask_kinds,
+                              causal=causal, outermost=False, **base), label="variant case")
     inputs = dict(case.inputs)
     words = _draw_sink_chunk_leftpad(draw, inputs, features)
     _keep_inside(draw, shape_facts("sdpa", inputs))  # with this case's own keywords among its variants

@@ -599,3 +599,26 @@ def test_a_resource_error_in_the_gradients_is_not_attributed_either(kept_records
         judge_gradients(judge, case, case.rounded("float64"))
     assert raised.value.clause == "grad.gqa-sum" and "out of memory" in str(raised.value)
     assert "fault is" not in str(raised.value)
+
+
+def test_a_forward_of_the_wrong_shape_fails_its_shape_clause_in_the_gradient_tests(kept_records):
+    """A held-out torch sdpa read a rank-3 mask as (B, Lq, Lk) and grew the batch: the gradient tests filed autograd's
+    "Mismatch in shape" under grad.sdpa-q. The forward alone is called when the gradients raise."""
+    torch = pytest.importorskip("torch")
+    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+
+    class BatchGrows:
+        ARRAY = "torch"
+
+        @staticmethod
+        def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                                   scale=scale)
+            return torch.cat([out, out]) if mask is not None and mask.dim() == 3 else out
+
+    case = sdpa_case(("grad.sdpa-q",), hq=2, hkv=2, dv=4, mask=np.random.default_rng(9).standard_normal((2, 3, 5)))
+    case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 2, 3, 4))
+    judge = GradientJudge(from_object(BatchGrows, "batch_grows", "tests:batch_grows"), "float64", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge_gradients(judge, case, case.rounded("float64"))
+    assert raised.value.clause == "sdpa.output-shape" and "(2, 2, 3, 4)" in str(raised.value), str(raised.value)

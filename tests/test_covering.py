@@ -89,7 +89,9 @@ def test_each_mask_kind_of_a_property_is_met():
 
 def test_kernel_corners_cross_a_block_with_the_propertys_own_widths():
     """The tile property's corners (kernel_corners) are kernel-shaped for an implementation that takes the small
-    shapes too: a causal Lq = Lk past a block of 64 among them (row 64 attends key 64), head dims its own."""
+    shapes too: a causal Lq = Lk past a block of 64 with a tail of many keys among them (row 64 attends key 64 and
+    not 65: a held-out kernel whose partial last tile compared tile-local key offsets with the row was exact at 65),
+    head dims its own."""
     from attention_conformance.conformance.strategies import TILE_EDGE_DIMS, TILE_EDGE_LENGTHS
 
     strategy = sdpa_cases(lengths=TILE_EDGE_LENGTHS, dims=TILE_EDGE_DIMS)
@@ -98,7 +100,7 @@ def test_kernel_corners_cross_a_block_with_the_propertys_own_widths():
         covering.covering_hints(EVERYTHING, small=False)
     cases = corner_cases(EVERYTHING, strategy, small=False)
     shapes = {(c.inputs["q"].shape[2], c.inputs["k"].shape[2], bool(c.inputs.get("is_causal"))) for c in cases}
-    assert (65, 65, True) in shapes
+    assert (127, 127, True) in shapes
     assert not any(c.inputs["q"].shape[2] > 64 and c.inputs["k"].shape[2] > 64 and c.inputs.get("is_causal")
                    for c in small)
     assert max(c.inputs[n].shape[3] for c in cases for n in "qv") <= 33  # TILE_EDGE_DIMS, not the kernel dims (256)
@@ -277,8 +279,9 @@ def test_the_variant_kernel_corners_reach_a_second_query_block_and_split_kv_deco
         pairs = {hints["lengths"] for hints in corners}
         assert any(lq > 128 and lq > lk for lq, lk in pairs) and any(lq > 128 and lq == lk for lq, lk in pairs)
         assert any(lq == 1 and lk > 128 for lq, lk in pairs)
-    # The other properties keep their queries within a block of 64 and one row past it (but the long-query corner).
-    assert all(h["lengths"][0] <= 65 for h in properties.covering_corners(implementation, region, "full")
+    # The other properties keep their queries within one query block (but the long-query corner).
+    assert all(h["lengths"][0] < covering.QUERY_BLOCK_ROWS
+               for h in properties.covering_corners(implementation, region, "full")
                if covering.CORNERS[h["index"]]["lengths"] != "long-q")
 
 

@@ -180,3 +180,18 @@ def test_a_variant_bug_in_a_case_drawn_for_another_variant_is_filed_under_its_ow
     with pytest.raises(ConformanceFailure) as raised:
         judge.check(case)
     assert raised.value.clause == "sdpa.varlen", str(raised.value)
+
+
+def test_a_property_about_one_keyword_needs_that_keyword_alone():
+    """An sdpa with alibi_slopes and no query_offset (jax_dpa's window and slopes, many kernels' ALiBi) is judged by
+    the ALiBi and window properties at offset 0; until stop 44 both were skipped for the missing offset. The
+    combined-order property needs two variant keywords the implementation runs."""
+    from attention_conformance.conformance import test_variants
+    from attention_conformance.conformance.strategies import VARIANTS
+
+    alibi_only = load_implementation("zoo.broken_alibi_gqa_head_order")
+    assert test_variants.needs("alibi_slopes")(alibi_only) is None
+    assert "query_offset" in test_variants.needs("alibi_slopes", "query_offset")(alibi_only)
+    assert "fewer than 2" in test_variants.needs(combined=VARIANTS, at_least=2)(alibi_only)
+    assert test_variants.needs("window")(load_implementation("builtin:jax_dpa")) is None
+    assert test_variants.needs(combined=VARIANTS, at_least=2)(load_implementation("builtin:torch_sdpa")) is None
