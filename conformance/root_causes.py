@@ -44,6 +44,15 @@ WORDS = {  # factor -> how a cause line says it
     ("kv", "grouped"): "1 < Hkv < Hq (grouped kv heads)", ("kv", "one"): "one kv head for several query heads",
     ("kv", "full"): "Hkv = Hq",
 }
+# An exception raised whenever one factor holds is often a refusal the implementation documents (Keras's NumPy
+# backend and grouped kv heads): the declaration that makes such cases unsupported, so the rest is judged (a property
+# stops at its first failure, and since stop 41 each property's first corner has grouped kv heads).
+DECLARATIONS = {
+    ("kv", "grouped"): '"gqa": False', ("kv", "one"): '"gqa": False',
+    ("scale", "negative"): '"scale": "nonnegative"', ("scale", "zero"): '"scale": "positive"',
+    ("mask", "float"): '"masks": ["none", "bool"]', ("mask", "bool"): '"masks": ["none", "float"]',
+    ("is_causal", "yes"): '"causal": False',
+}
 
 
 @dataclass(frozen=True)
@@ -52,14 +61,17 @@ class Cause:
     description: str  # what the failures share, in words
     failures: int
     clauses: tuple[str, ...]  # the clauses it explains, in order of first appearance
+    declare: str = ""  # for an exception raised whenever one factor holds: the SUPPORTS entry that would refuse it
 
     def line(self) -> str:
+        hint = (f"; if {self.implementation} does not take such cases, SUPPORTS {{{self.declare}}} makes them "
+                "unsupported and judges the rest") if self.declare else ""
         return (f"{self.implementation} cause: {self.description} ({self.failures} failure"
-                f"{'s' if self.failures != 1 else ''}; explains {', '.join(self.clauses)})")
+                f"{'s' if self.failures != 1 else ''}; explains {', '.join(self.clauses)}{hint})")
 
     def as_dict(self) -> dict:
         return {"implementation": self.implementation, "cause": self.description, "failures": self.failures,
-                "clauses": list(self.clauses)}
+                "clauses": list(self.clauses), **({"declare": self.declare} if self.declare else {})}
 
 
 def factors(rec) -> frozenset:
@@ -174,12 +186,13 @@ def implementation_causes(name: str, failures: list, passes: list) -> list[Cause
         ranked = sorted(((sum(_meets(rec, c) for rec in group), c) for c in _conditions(group)
                          if not any(_meets(rec, c) for rec in passes)),
                         key=lambda item: (-item[0], len(item[1]), sorted(item[1])))
-        text = f"raises {exception}"
-        if ranked and ranked[0][0] == len(group):
-            text += " whenever " + _words(ranked[0][1])
-        elif ranked and 2 * ranked[0][0] >= len(group):
-            text += f" when {_words(ranked[0][1])} ({ranked[0][0]} of {len(group)})"
-        causes.append(Cause(name, text, len(group), _clauses(group)))
+        text, declare = f"raises {exception}", ""
+        if ranked and 2 * ranked[0][0] >= len(group):
+            condition = ranked[0][1]
+            text += (" whenever " + _words(condition) if ranked[0][0] == len(group) else
+                     f" when {_words(condition)} ({ranked[0][0]} of {len(group)})")
+            declare = DECLARATIONS.get(next(iter(condition)), "") if len(condition) == 1 else ""
+        causes.append(Cause(name, text, len(group), _clauses(group), declare))
     while len(remaining) >= 2:
         best = None
         for condition in _conditions(remaining):

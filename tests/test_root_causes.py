@@ -135,3 +135,16 @@ def test_an_exception_raised_for_grouped_kv_heads_only_is_named_so():
     (cause,) = root_causes(failing + passing)
     assert cause.description.endswith("whenever 1 < Hkv < Hq (grouped kv heads)"), cause.description
     assert ("kv", "one") in factors(passing[0]) and ("kv", "full") in factors(passing[1])
+    # A refusal it may document: the line names the declaration that makes such cases unsupported (Keras's other
+    # defects were hidden behind it: every property's first corner is grouped).
+    assert cause.declare == '"gqa": False' and 'SUPPORTS {"gqa": False} makes them unsupported' in cause.line()
+    assert cause.as_dict()["declare"] == '"gqa": False'
+
+
+def test_a_cause_of_two_factors_or_of_values_names_no_declaration():
+    failing = [record("failed", label("float", True), clause=c, message=RAISES)
+               for c in ("causal.top-left", "mask.broadcast")]
+    (cause,) = root_causes(failing + [record("passed", label("float")), record("passed", label("bool", True))])
+    assert not cause.declare and "SUPPORTS" not in cause.line() and "declare" not in cause.as_dict()
+    values = [record("failed", label(causal=True, scale="-1.0"), clause="sdpa.finite") for _ in range(3)]
+    assert not any(c.declare for c in root_causes(values + [record("passed", label())]))
