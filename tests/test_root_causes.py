@@ -148,3 +148,17 @@ def test_a_cause_of_two_factors_or_of_values_names_no_declaration():
     assert not cause.declare and "SUPPORTS" not in cause.line() and "declare" not in cause.as_dict()
     values = [record("failed", label(causal=True, scale="-1.0"), clause="sdpa.finite") for _ in range(3)]
     assert not any(c.declare for c in root_causes(values + [record("passed", label())]))
+
+
+def test_multi_head_attention_failures_get_the_projection_bias_they_share():
+    """A held-out module added the in-projection bias to q only (b_v dropped): 31 failures under 9 clauses and no
+    cause line, since only sdpa labels were read. Its cases with in-projection biases fail, the others pass."""
+    def mha(bias, h=2, causal=False):
+        return f"B2 H{h} Lq3 Lk5 E4 E_kv4 Dk2 Dv2 bias={bias} mask=none{' causal' if causal else ''}"
+
+    failing = [record("failed", mha(b, causal=c), clause=cl) for b, c, cl in
+               (("input", False, "mha.projections"), ("all", True, "causal.top-left"), ("all", False, "mha.head-split"))]
+    passing = [record("passed", mha(b)) for b in ("none", "output", "none")]
+    (cause,) = root_causes(failing + passing)
+    assert cause.description == "in-projection biases" and cause.failures == 3, cause.description
+    assert ("heads", "several") in factors(passing[0]) and ("kv_width", "same") in factors(passing[0])
