@@ -31,7 +31,7 @@ from .report import distinct
 SPECIFICITY = 0.8  # a condition is a cause if at least this share of the judged cases meeting it failed
 MESSAGE_WIDTH = 90  # characters of an exception message in a cause line
 _RAISED = re.compile(r"raised (?P<type>[A-Za-z_][\w.]*): (?P<message>.*?)(?: \(at [^)]*\))?(?:;|$)")
-_LABEL = re.compile(r"\bLq(?P<lq>\d+) Lk(?P<lk>\d+) Dk(?P<dk>\d+) Dv\d+ mask=(?P<mask>\S+)(?P<causal> causal)? "
+_LABEL = re.compile(r"\bLq(?P<lq>\d+) Lk(?P<lk>\d+) Dk(?P<dk>\d+) Dv(?P<dv>\d+) mask=(?P<mask>\S+)(?P<causal> causal)? "
                     r"scale=(?P<scale>\S+)")
 _HEADS = re.compile(r"\bHq(?P<hq>\d+)/Hkv(?P<hkv>\d+)\b")
 _MHA_LABEL = re.compile(r"\bH(?P<h>\d+) Lq(?P<lq>\d+) Lk(?P<lk>\d+) E(?P<e>\d+) E_kv(?P<ekv>\d+) Dk(?P<dk>\d+) Dv\d+ "
@@ -51,6 +51,7 @@ WORDS = {  # factor -> how a cause line says it
     ("out_bias", "yes"): "an output-projection bias", ("out_bias", "no"): "no output-projection bias",
     ("heads", "several"): "several heads", ("heads", "one"): "one head",
     ("kv_width", "other"): "E_kv != E", ("kv_width", "same"): "E_kv = E",
+    ("value_dim", "other"): "Dv != Dk", ("value_dim", "same"): "Dv = Dk",
 }
 # An exception raised whenever one factor holds is often a refusal the implementation documents (Keras's NumPy
 # backend and grouped kv heads): the declaration that makes such cases unsupported, so the rest is judged (a property
@@ -107,8 +108,11 @@ def factors(rec) -> frozenset:
             mask = "float"
         masked = mask != "none"
         lq, lk = int(label["lq"]), int(label["lk"])
+        # Dv against Dk: torch 2.13's CPU sdpa refuses a mask with is_causal only where Dv != Dk (its math path), a
+        # cause of three features that read "whenever is_causal and a float mask" until a run drew a boolean one.
         found |= {("is_causal", "yes" if causal else "no"), ("mask", mask),
-                  ("Dk", label["dk"]), ("lengths", "Lq>Lk" if lq > lk else "Lq<Lk" if lq < lk else "Lq=Lk")}
+                  ("Dk", label["dk"]), ("lengths", "Lq>Lk" if lq > lk else "Lq<Lk" if lq < lk else "Lq=Lk"),
+                  ("value_dim", "same" if label["dv"] == label["dk"] else "other")}
         if masked and causal:
             found.add(("mask+causal", "yes"))
         heads = _HEADS.search(rec.case or "")

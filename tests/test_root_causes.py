@@ -162,3 +162,15 @@ def test_multi_head_attention_failures_get_the_projection_bias_they_share():
     (cause,) = root_causes(failing + passing)
     assert cause.description == "in-projection biases" and cause.failures == 3, cause.description
     assert ("heads", "several") in factors(passing[0]) and ("kv_width", "same") in factors(passing[0])
+
+
+def test_a_refusal_where_dv_differs_from_dk_is_named_with_it():
+    """torch 2.13 (CPU) raises for a mask with is_causal only where Dv != Dk: a run that drew a boolean such case and
+    a passing float one with Dv = Dk named no condition (CI, stop 44), which made README's example flaky."""
+    def dims(mask, dv):
+        return label(mask, True).replace("Dv8", f"Dv{dv}")
+
+    failing = [record("failed", dims(m, 6), message=RAISES) for m in ("float", "bool-full", "float")]
+    passing = [record("passed", dims("float", 8)), record("passed", dims("bool-full", 8)), record("passed", label())]
+    (cause,) = root_causes(failing + passing)
+    assert cause.description.endswith("whenever mask and is_causal are both given and Dv != Dk"), cause.description
