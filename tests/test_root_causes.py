@@ -171,6 +171,6 @@ def test_a_refusal_where_dv_differs_from_dk_is_named_with_it():
         return label(mask, True).replace("Dv8", f"Dv{dv}")
 
     failing = [record("failed", dims(m, 6), message=RAISES) for m in ("float", "bool-full", "float")]
-    passing = [record("passed", dims("float", 8)), record("passed", dims("bool-full", 8)), record("passed", label())]
+    passing = [record("passed", dims("float", 8)), record("passed", dims("bool-full", 8)), record("passed", dims("none", 6))]
     (cause,) = root_causes(failing + passing)
     assert cause.description.endswith("whenever mask and is_causal are both given and Dv != Dk"), cause.description
