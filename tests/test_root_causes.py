@@ -139,6 +139,13 @@ def test_an_exception_raised_for_grouped_kv_heads_only_is_named_so():
     # defects were hidden behind it: every property's first corner is grouped).
     assert cause.declare == '"gqa": False' and 'SUPPORTS {"gqa": False} makes them unsupported' in cause.line()
     assert cause.as_dict()["declare"] == '"gqa": False'
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "docs" / "report-schema.json").read_text())
+    jsonschema.validate(cause.as_dict(), {"$defs": schema["$defs"], "$ref": "#/$defs/cause"})
 
 
 def test_a_cause_of_two_factors_or_of_values_names_no_declaration():
