@@ -859,9 +859,8 @@ def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), optio
                              **base) -> Case:
     """An sdpa case using the issue-25 keywords named in ``features`` (each always used; SINK_FEATURES) on a case
     of variant_cases with the older variant keywords ``variants`` and ``optional`` (VARIANTS; as variant_cases
-    takes them). With sink_token_length, a window
-    whose left edge is unbounded gets a bounded one (the sink tokens' only effect). ``base``: further keywords of
-    variant_cases / sdpa_cases."""
+    takes them). With sink_token_length, a window whose left edge is unbounded gets a bounded one (the sink tokens'
+    only effect). ``base``: further keywords of variant_cases / sdpa_cases."""
     case = draw(variant_cases(variants=variants, optional=optional, clauses=clauses, mask_kinds=mask_kinds,
                               causal=causal, outermost=False, **base), label="variant case")
     inputs = dict(case.inputs)

@@ -164,7 +164,8 @@ def test_multi_head_attention_failures_get_the_projection_bias_they_share():
         return f"B2 H{h} Lq3 Lk5 E4 E_kv4 Dk2 Dv2 bias={bias} mask=none{' causal' if causal else ''}"
 
     failing = [record("failed", mha(b, causal=c), clause=cl) for b, c, cl in
-               (("input", False, "mha.projections"), ("all", True, "causal.top-left"), ("all", False, "mha.head-split"))]
+               (("input", False, "mha.projections"), ("all", True, "causal.top-left"),
+                ("all", False, "mha.head-split"))]
     passing = [record("passed", mha(b)) for b in ("none", "output", "none")]
     (cause,) = root_causes(failing + passing)
     assert cause.description == "in-projection biases" and cause.failures == 3, cause.description
@@ -178,6 +179,7 @@ def test_a_refusal_where_dv_differs_from_dk_is_named_with_it():
         return label(mask, True).replace("Dv8", f"Dv{dv}")
 
     failing = [record("failed", dims(m, 6), message=RAISES) for m in ("float", "bool-full", "float")]
-    passing = [record("passed", dims("float", 8)), record("passed", dims("bool-full", 8)), record("passed", dims("none", 6))]
+    passing = [record("passed", dims("float", 8)), record("passed", dims("bool-full", 8)),
+               record("passed", dims("none", 6))]
     (cause,) = root_causes(failing + passing)
     assert cause.description.endswith("whenever mask and is_causal are both given and Dv != Dk"), cause.description
