@@ -41,8 +41,8 @@ from attention_conformance.implementations._region import Region, causal_lengths
 # (one short of, at a block). kv: "grouped" (1 < Hkv < Hq), "one" (Hkv = 1, Hq > 1), "full" (Hkv = Hq), "single" (one
 # head). dk: the region's smallest or largest head dim. scale: None (the default 1/sqrt(Dk)), or an explicit value.
 # mask_kind: the corner's mask where the property draws that kind, else ``mask``: the i-th kind the property draws.
-# One kind per corner across properties: a compiling implementation then meets the same input signatures in every property and compiles each once (jax_numpy's
-# forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a block of 64) also for an implementation
+# One kind per corner across properties: a compiling implementation then meets the same input signatures in every
+# property and compiles each once (jax_numpy's forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a block of 64) also for an implementation
 # that takes the small shapes, whose other corners are small. long_cache: the decode property's case of this corner
 # has a cache past 4096 keys (strategies.DECODE_CACHE_LENGTHS); the second such corner, with large scores, is where a
 # split-KV combine that weights the splits by exp(lse) without subtracting the largest overflows (a held-out kernel
