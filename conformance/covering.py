@@ -40,24 +40,25 @@ from attention_conformance.implementations._region import Region, causal_lengths
 # block with a long tail (127 at 64; past 128 rows: one past), "decode" (Lq 1 against a long cache), "edge-1"/"edge"
 # (one short of, at a block). kv: "grouped" (1 < Hkv < Hq), "one" (Hkv = 1, Hq > 1), "full" (Hkv = Hq), "single" (one
 # head). dk: the region's smallest or largest head dim. scale: None (the default 1/sqrt(Dk)), or an explicit value.
-# mask_kind: the corner's mask where the property draws that kind, else ``mask``: the i-th kind the property draws.
-# One kind per corner across properties: a compiling implementation then meets the same input signatures in every
-# property and compiles each once (jax_numpy's forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a block of 64) also for an implementation
-# that takes the small shapes, whose other corners are small. long_cache: the decode property's case of this corner
-# has a cache past 4096 keys (strategies.DECODE_CACHE_LENGTHS); the second such corner, with large scores, is where a
-# split-KV combine that weights the splits by exp(lse) without subtracting the largest overflows (a held-out kernel
-# doing so failed 1 or 2 of about 1950 cases a run, in 16 bits only, before it). "long-q": a long query (past LONG_QUERY_ROWS - 1 rows)
-# against few keys, cheap (few scores a row): a kernel that ran its queries in chunks of 256 and built each chunk's
-# causal band from chunk-local rows passed two default runs. causal_only: a property that holds is_causal off skips
-# the corner (strategies.sdpa_cases). window: the window a variant case takes at the corner ("past": a side beyond
-# every key), else drawn. The third corner, every brief set's non-causal one, has (past, 0): the right edge alone
-# removes keys, the left never does (a kernel that ran full attention for a left side past every query position
-# without is_causal, libflash_attn PR 11, was caught only by one random decode case per run before).
-# The second corner is a compiling implementation's first corner of a brief set (properties.BRIEF_CORNERS_COMPILED):
-# grouped (Hkv 2, 2 query heads each), since a GQA mapping or a backward's sum over a group that is wrong only with
-# Hkv > 1 and G > 1 (a held-out JAX custom_vjp summing dk, dv in tile order) passed every run while it was Hkv 1;
-# its scale -0.35 (one of strategies.SCALES, so that sdpa_cases takes it) is no +-1/sqrt(Dk) at its head dim 1 (a
-# backward taking softcap's derivative at the default scale was exact at -1.0, tanh^2 being even).
+# mask_kind: the corner's mask where the property draws that kind, else ``mask``: the i-th kind the property draws. One
+# kind per corner across properties: a compiling implementation then meets the same input signatures in every property
+# and compiles each once (jax_numpy's forward properties: 374 -> 204 compiles). kernel: kernel-shaped (around a block of
+# 64) also for an implementation that takes the small shapes, whose other corners are small. long_cache: the decode
+# property's case of this corner has a cache past 4096 keys (strategies.DECODE_CACHE_LENGTHS); the second such corner,
+# with large scores, is where a split-KV combine that weights the splits by exp(lse) without subtracting the largest
+# overflows (a held-out kernel doing so failed 1 or 2 of about 1950 cases a run, in 16 bits only, before it). "long-q":
+# a long query (past LONG_QUERY_ROWS - 1 rows) against few keys, cheap (few scores a row): a kernel that ran its queries
+# in chunks of 256 and built each chunk's causal band from chunk-local rows passed two default runs. causal_only: a
+# property that holds is_causal off skips the corner (strategies.sdpa_cases). window: the window a variant case takes at
+# the corner ("past": a side beyond every key), else drawn. The third corner, every brief set's non-causal one, has
+# (past, 0): the right edge alone removes keys, the left never does (a kernel that ran full attention for a left side
+# past every query position without is_causal, libflash_attn PR 11, was caught only by one random decode case per run
+# before). The second corner is a compiling implementation's first corner of a brief set
+# (properties.BRIEF_CORNERS_COMPILED): grouped (Hkv 2, 2 query heads each), since a GQA mapping or a backward's sum over
+# a group that is wrong only with Hkv > 1 and G > 1 (a held-out JAX custom_vjp summing dk, dv in tile order) passed
+# every run while it was Hkv 1; its scale -0.35 (one of strategies.SCALES, so that sdpa_cases takes it) is no
+# +-1/sqrt(Dk) at its head dim 1 (a backward taking softcap's derivative at the default scale was exact at -1.0, tanh^2
+# being even).
 CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True, mask_kind="none"),
     dict(is_causal=True, lengths="q<k", kv="grouped", dk="min", scale=-0.35, mask_kind="none", batch=2),
