@@ -480,10 +480,11 @@ class Judge(Containment, Attribution):
             # emptied a row); the verdict on the values, and its attribution, name it. Unless their error is one the
             # implementation declared (HF eager attention's float64 computed in float32, whose finfo(float64).min
             # becomes -inf there: its empty rows NaN were filed under the undeclarable sdpa.finite).
-            yields = empty.any() and self._wrong_where_keys(got, want, allowed, empty, specified) \
-                and not self.impl.declared_deviation(accuracy_clause(case), self.facts(case, inputs))
-            if empty.any() and not yields:
-                self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
+            if empty.any():
+                yields = self._wrong_where_keys(got, want, allowed, empty, specified) \
+                    and not self.impl.declared_deviation(accuracy_clause(case), self.facts(case, inputs))
+                if not yields:
+                    self._judge_fully_masked(case, inputs, got, want, allowed, empty, policy)
         bad = ~np.isfinite(got) & specified
         if bad.any():
             index = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -83,22 +83,27 @@ class Cause:
                 "clauses": list(self.clauses), **({"declare": self.declare} if self.declare else {})}
 
 
+def _shape_factors(causal: bool, mask: str, lq: int, lk: int, dk: str) -> set:
+    """The factors an sdpa and a multi-head attention case share: is_causal, mask kind, both together, Dk, Lq : Lk."""
+    found = {("is_causal", "yes" if causal else "no"), ("mask", mask), ("Dk", dk),
+             ("lengths", "Lq>Lk" if lq > lk else "Lq<Lk" if lq < lk else "Lq=Lk")}
+    if mask != "none" and causal:
+        found.add(("mask+causal", "yes"))
+    return found
+
+
 def factors(rec) -> frozenset:
     """(name, value) pairs of the case a record judged."""
     found = {("dtype", rec.dtype)}
     mha = _MHA_LABEL.search(rec.case or "")
     if mha:  # a multi-head attention case (strategies.mha_cases): its projections' biases, heads and widths
         # A held-out module that added the in-projection bias to q only failed 31 cases under 9 clauses, no cause.
-        causal, mask = bool(mha["causal"]), mha["mask"].split("-")[0]
-        lq, lk = int(mha["lq"]), int(mha["lk"])
-        found |= {("is_causal", "yes" if causal else "no"), ("mask", mask), ("Dk", mha["dk"]),
-                  ("lengths", "Lq>Lk" if lq > lk else "Lq<Lk" if lq < lk else "Lq=Lk"),
-                  ("in_bias", "yes" if mha["bias"] in ("input", "all") else "no"),
+        found |= _shape_factors(bool(mha["causal"]), mha["mask"].split("-")[0], int(mha["lq"]), int(mha["lk"]),
+                                mha["dk"])
+        found |= {("in_bias", "yes" if mha["bias"] in ("input", "all") else "no"),
                   ("out_bias", "yes" if mha["bias"] in ("output", "all") else "no"),
                   ("heads", "one" if mha["h"] == "1" else "several"),
                   ("kv_width", "same" if mha["e"] == mha["ekv"] else "other")}
-        if mask != "none" and causal:
-            found.add(("mask+causal", "yes"))
         return frozenset(found)
     label = _LABEL.search(rec.case or "")
     if label:
@@ -106,15 +111,10 @@ def factors(rec) -> frozenset:
         mask = label["mask"].split("-")[0]
         if "on every score]" in rec.case:  # test_shift_invariance's derived case adds a constant float mask
             mask = "float"
-        masked = mask != "none"
-        lq, lk = int(label["lq"]), int(label["lk"])
+        found |= _shape_factors(causal, mask, int(label["lq"]), int(label["lk"]), label["dk"])
         # Dv against Dk: torch 2.13's CPU sdpa refuses a mask with is_causal only where Dv != Dk (its math path), a
         # cause of three features that read "whenever is_causal and a float mask" until a run drew a boolean one.
-        found |= {("is_causal", "yes" if causal else "no"), ("mask", mask),
-                  ("Dk", label["dk"]), ("lengths", "Lq>Lk" if lq > lk else "Lq<Lk" if lq < lk else "Lq=Lk"),
-                  ("value_dim", "same" if label["dv"] == label["dk"] else "other")}
-        if masked and causal:
-            found.add(("mask+causal", "yes"))
+        found.add(("value_dim", "same" if label["dv"] == label["dk"] else "other"))
         heads = _HEADS.search(rec.case or "")
         if heads:  # Keras 3.15's NumPy backend raised for every grouped case and none of the others
             hq, hkv = int(heads["hq"]), int(heads["hkv"])

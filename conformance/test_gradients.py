@@ -151,9 +151,11 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
         # The forward alone first: a forward that raises or returns the wrong shape fails its own clause
         # (sdpa.output-shape: a rank-3 mask read as (B, Lq, Lk) grew the batch, and autograd's "Mismatch in shape"
         # was filed under grad.sdpa-q).
-        forward = {name: value for name, value in inputs.items() if name != "d_out"}
-        judge.run(Case(case.op, {name: value for name, value in case.inputs.items() if name != "d_out"},
-                       case.clauses, case.label, mask_kind=case.mask_kind, notes=case.notes), forward)
+        def forward(arrays: dict) -> dict:
+            return {name: value for name, value in arrays.items() if name != "d_out"}
+
+        judge.run(Case(case.op, forward(case.inputs), case.clauses, case.label, mask_kind=case.mask_kind,
+                       notes=case.notes), forward(inputs))  # the very inputs the gradients got
     judge.fail(case.clauses[0], case, inputs, raised, raised=True)
 
 

@@ -55,8 +55,7 @@ def differentiable_with(*names: str):
         why = _without_autodiff(impl)
         if why or not impl.implements("sdpa"):
             return why
-        accepted = impl.accepted_keywords("sdpa")
-        if any((accepted is None or k in accepted) and impl.region.allows_variant(k) for k in keywords):
+        if any(impl.runs_keyword("sdpa", k) for k in keywords):
             return None
         return f"unsupported: {missing_keywords_message(impl.name, 'sdpa', keywords)}"
 

@@ -33,11 +33,6 @@ def needs(*keywords: str, combined=(), at_least: int = 0):
     the oracle, nor any ALiBi of an implementation without an offset (a held-out one mapping slopes to heads in the
     wrong GQA order passed every forward property)."""
 
-    def runs(impl, accepted, keyword):
-        keyword = "key_lengths" if keyword == "lengths" else keyword
-        return (accepted is None or keyword in accepted) and (keyword not in VARIANT_DEFAULTS
-                                                               or impl.region.allows_variant(keyword))
-
     def reason(impl):
         if not impl.implements("sdpa"):
             return None  # the op mark reports the operation missing
@@ -49,7 +44,7 @@ def needs(*keywords: str, combined=(), at_least: int = 0):
         if undeclared:
             return (f"unsupported: {impl.name} declares variants {list(impl.region.variants)} in SUPPORTS, not "
                     f"{', '.join(repr(k) for k in undeclared)}")
-        if sum(runs(impl, accepted, k) for k in combined) < at_least:
+        if sum(impl.runs_keyword("sdpa", "key_lengths" if k == "lengths" else k) for k in combined) < at_least:
             return (f"unsupported: {impl.name}.sdpa runs fewer than {at_least} of the variant keywords "
                     f"{', '.join(combined)} (signature and SUPPORTS)")
         return None

@@ -156,6 +156,13 @@ class Implementation:
                     self._signatures[op] = {p.name for p in params}
         return self._signatures[op]
 
+    def runs_keyword(self, op: str, name: str) -> bool:
+        """Whether the suite may pass keyword ``name`` to ``op``: the signature takes it and, for a variant keyword,
+        SUPPORTS["variants"] does not leave it out (what the properties that add a variant where it runs ask)."""
+        accepted = self.accepted_keywords(op)
+        return (accepted is None or name in accepted) and (name not in VARIANT_DEFAULTS
+                                                           or self.region.allows_variant(name))
+
     def unsupported_reason(self, op: str, kwargs: dict, dtype: str, device: str) -> str | None:
         """Why this implementation cannot run the case (reported as unsupported), or None."""
         if self.skip_reason:
