@@ -66,9 +66,10 @@ def venv(tmp_path_factory) -> Path:
             shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
         else:
             shutil.copy2(path, source / name)
-    # Offline with this environment's setuptools when it meets pyproject.toml's build requirement; otherwise
-    # (a fresh venv's bundled 65.x, or none from Python 3.12) pip builds in isolation, as `pip install -e .` did.
-    offline = ["--no-build-isolation", "--no-index"] if _setuptools_major() >= 68 else []
+    # Offline with this environment's setuptools when it meets pyproject.toml's build requirement; otherwise (an
+    # older setuptools, a fresh venv's bundled 65.x, or none from Python 3.12) pip builds in isolation, as
+    # `pip install -e .` did.
+    offline = ["--no-build-isolation", "--no-index"] if _setuptools_major() >= 77 else []
     built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", *offline, "--disable-pip-version-check", "-q",
                  "-w", work / "dist", source], cwd=work)
     assert built.returncode == 0, built.stdout + built.stderr
