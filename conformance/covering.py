@@ -37,7 +37,9 @@ from attention_conformance.implementations._region import Region, causal_lengths
 
 # The structural corners, most telling first (a property that admits fewer of them runs fewer cases).
 # lengths: "q>k" (more queries than keys: a causal key loop that runs past the last key block), "q<k", "q=k" past a
-# block with a long tail (127 at 64; past 128 rows: one past), "decode" (Lq 1 against a long cache), "edge-1"/"edge"
+# block with a long tail (127 at 64; past 128 rows: one past), "decode" (Lq 1 against a long cache), "spec-decode"
+# (a few queries against it, speculative decoding: a split-KV kernel that took the causal limit of every row from the
+# last query was exact at Lq 1 and passed a default run, its causal decode corner then Lq 1), "edge-1"/"edge"
 # (one short of, at a block). kv: "grouped" (1 < Hkv < Hq), "one" (Hkv = 1, Hq > 1), "full" (Hkv = Hq), "single" (one
 # head). dk: the region's smallest or largest head dim. scale: None (the default 1/sqrt(Dk)), or an explicit value.
 # mask_kind: the corner's mask where the property draws that kind, else ``mask``: the i-th kind the property draws. One
@@ -71,12 +73,16 @@ CORNERS: tuple[dict, ...] = (
     dict(is_causal=False, lengths="edge-1", kv="full", dk="max", scale=None, magnitude="large", kernel=True, mask_kind="none"),
     dict(is_causal=True, lengths="edge", kv="one", dk="min", scale=None, mask=2, mask_kind="key-padding"),
     dict(is_causal=False, lengths="q=k", kv="grouped", dk="max", scale=0.0, mask=4, mask_kind="float"),
-    dict(is_causal=True, lengths="decode", kv="grouped", dk="min", scale=None, mask=5, magnitude="large", mask_kind="bool-query-keys",
-         long_cache=True),
+    dict(is_causal=True, lengths="spec-decode", kv="grouped", dk="min", scale=None, mask=5, magnitude="large",
+         mask_kind="bool-query-keys", long_cache=True, kernel=True),
     dict(is_causal=False, lengths="q>k", kv="full", dk="min", scale=-1.0, mask=6, dv="other", mask_kind="bool-3d-per-head"),
     dict(is_causal=True, lengths="q>k", kv="one", dk="max", scale=None, mask=7, mask_kind="bool-2d"),
     dict(is_causal=True, lengths="long-q", kv="single", dk="min", scale=None, kernel=True, mask_kind="none",
          causal_only=True),
+    # Padded queries past a key tile, only where the property draws them (mask_only: the fully masked rows): a kernel
+    # that sliced its mask per key tile lost a mask whose key axis is 1 after the first tile, and passed a default run.
+    dict(is_causal=False, lengths="q<k", kv="one", dk="min", scale=None, mask_kind="query-padding", kernel=True,
+         mask_only=True),
     # A compiling implementation's last brief corner (properties.BRIEF_CORNERS_COMPILED): what the first two leave out.
     dict(is_causal=False, lengths="q>k", kv="grouped", dk="max", scale=None, mask=1, mask_kind="float", batch=2),
 )
@@ -244,7 +250,7 @@ def _length_pair(relation: str, region: Region, small: bool, past_query_block: b
     """(Lq, Lk) for a length relation: small shapes (1..7), or around the region's block (``past_query_block``: the
     queries of "q>k", "q=k" and "q<k" past QUERY_BLOCK_ROWS as well)."""
     if small:
-        return {"q>k": (7, 3), "q<k": (3, 7), "q=k": (5, 5), "decode": (1, 7), "edge-1": (6, 6),
+        return {"q>k": (7, 3), "q<k": (3, 7), "q=k": (5, 5), "decode": (1, 7), "spec-decode": (2, 7), "edge-1": (6, 6),
                 "edge": (7, 7)}[relation]
     block = _block(region)
     reach = max(block, QUERY_BLOCK_ROWS) if past_query_block else block
@@ -273,6 +279,8 @@ def _length_pair(relation: str, region: Region, small: bool, past_query_block: b
         return (tails or past_block)[0], (tails or past_block)[0]
     if relation == "decode":
         return members[0], members[-1]
+    if relation == "spec-decode":
+        return (region.lengths.members((4, 3, 2)) or members[:1])[0], members[-1]
     if relation == "long-q":
         lengths = region.lengths
         top = lengths.members((LONG_QUERY_ROWS, LONG_QUERY_ROWS - 1, 2 * LONG_QUERY_ROWS - 2)) or members[-1:]
@@ -339,6 +347,7 @@ def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_
         "mask_kind": corner.get("mask_kind"),
         "magnitude": corner.get("magnitude", "unit"), "long_cache": corner.get("long_cache", False),
         "causal_only": corner.get("causal_only", False), "window": corner.get("window"),
+        "mask_only": corner.get("mask_only", False),
     }
 
 

@@ -287,6 +287,8 @@ def mask_shape(kind: str, b: int, hq: int, lq: int, lk: int) -> tuple[int, ...]:
         "bool-3d-per-head": (hq, lq, lk),
         "bool-3d-shared": (1, lq, lk),
         "float-3d": (hq, lq, lk),
+        # Padded queries (a key axis of 1): rows i >= L[b] masked on every key.
+        "query-padding": (b, 1, lq, 1),
     }[kind]
 
 
@@ -297,6 +299,9 @@ def _build_mask(rng, kind, shape, lq, lk, is_causal, allow_empty_rows):
     (keys < P masked, P < Lk) or right (keys >= L masked, L >= 1), else keys kept at random. Random keeps never
     mask a whole block of 64 keys (0.4^64): a kernel whose key loop stopped at the first block the mask removes
     ("the rest is padding") passed three default runs; left padding of a sequence past 64 keys has one."""
+    if kind == "query-padding":  # rows i >= L[b] of a padded query batch, L[b] in 0..Lq; none without empty rows
+        lengths = rng.integers(0, lq + 1, size=shape[:1] + (1, 1, 1))
+        return np.arange(lq)[:, None] < lengths if allow_empty_rows else np.ones(shape, bool)
     layout = rng.integers(3) if kind == "key-padding" else 0
     if layout == 1 and is_causal and not allow_empty_rows:
         layout = 2  # left padding under the causal band empties the first rows: right padding keeps key 0
@@ -538,9 +543,12 @@ def _is_causal(draw, causal, region: Region) -> bool:
 
 
 def _mask_kind(draw, kinds: list[str]) -> str:
-    """The covering corner's mask kind where the property draws it, else its ``mask``-th kind, else a drawn one."""
+    """The covering corner's mask kind where the property draws it, else its ``mask``-th kind, else a drawn one (a
+    corner about its mask kind alone, ``mask_only``, is not built where the property does not draw that kind)."""
     if hint("mask_kind") in kinds:
         return hint("mask_kind")
+    if hint("mask_only"):
+        raise CannotBuild(f"the corner is about mask kind {hint('mask_kind')!r}, which this property does not draw")
     if hint("mask") is not None:
         return kinds[hint("mask") % len(kinds)]
     return draw(st.sampled_from(kinds), label="mask")

@@ -160,7 +160,7 @@ def test_gqa_mapping(impl, device, dtype, group, data):
 
 @property_test
 @sdpa_op
-@given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "float"), allow_empty_rows=True,
+@given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "float", "query-padding"), allow_empty_rows=True,
                        clauses=("mask.fully-masked-row",)))
 def test_fully_masked_rows(impl, device, dtype, case):
     check(impl, device, dtype, case)

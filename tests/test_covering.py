@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from attention_conformance.conformance import checks, covering, oracle, properties, test_properties
 from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.conformance.strategies import drawing_inside, sdpa_cases
+from attention_conformance.conformance.strategies import MASK_KINDS, _mask_class, drawing_inside, sdpa_cases
 from attention_conformance.implementations import load_implementation
 from attention_conformance.implementations._region import EVERYTHING, parse_region
 
@@ -20,17 +20,21 @@ NO_GQA = parse_region({"gqa": False, "causal": False})
 REGIONS = {"everything": EVERYTHING, "pallas": PALLAS, "flash": FLASH, "no-gqa": NO_GQA}
 
 
-def corner_cases(region, strategy, small=None):
+def corner_cases(region, strategy, small=None, with_hints=False):
+    """The cases ``strategy`` builds at the corners (those it cannot build left out); ``with_hints``: (hints, case)."""
     small = region.takes_small_shapes() if small is None else small
     built = []
     with drawing_inside(region):
         for hints in covering.covering_hints(region, small):
             with covering.building(hints):
                 try:
-                    built.append(covering.DeterministicDraw(hints["index"])(strategy))
+                    built.append((hints, covering.DeterministicDraw(hints["index"])(strategy)))
                 except (pytest.skip.Exception, covering.CannotBuild):
                     continue
-    return built
+    return built if with_hints else [case for _, case in built]
+
+
+EVERY_MASK_KIND = MASK_KINDS + ("query-padding",)  # and the kind a mask-only corner is about
 
 
 def facts(case):
@@ -44,9 +48,12 @@ def facts(case):
 @pytest.mark.parametrize("name", REGIONS)
 def test_every_corner_lies_inside_the_region(name):
     region = REGIONS[name]
-    cases = corner_cases(region, sdpa_cases(allow_empty_rows=True))
+    cases = corner_cases(region, sdpa_cases(allow_empty_rows=True, mask_kinds=EVERY_MASK_KIND))
     causal_only = sum(corner.get("causal_only", False) for corner in covering.CORNERS)
-    assert len(cases) == len(covering.CORNERS) - (0 if region.causal else causal_only)
+    # A mask-only corner is not built where the region takes no mask of its kind.
+    mask_only = sum(corner.get("mask_only", False) and _mask_class(corner["mask_kind"]) not in region.masks
+                    for corner in covering.CORNERS)
+    assert len(cases) == len(covering.CORNERS) - (0 if region.causal else causal_only) - mask_only
     for case in cases:
         assert region.why_outside(facts(case)) is None, case.label
         f = facts(case)
@@ -216,8 +223,7 @@ def test_a_compiling_implementations_brief_corners_reach_groups_batches_scales_a
     assert any(hints["scale"] == 0.0 for hints in corners)
     assert any(hints["scale"] not in (None, 0.0) and abs(hints["scale"]) != hints["Dk"] ** -0.5 for hints in corners)
     # ... and sdpa_cases' own scales take every corner's (a scale it cannot draw is silently drawn instead)
-    all_hints = covering.covering_hints(region, region.takes_small_shapes())
-    for case, hints in zip(corner_cases(region, sdpa_cases()), all_hints):
+    for hints, case in corner_cases(region, sdpa_cases(), with_hints=True):
         assert case.inputs.get("scale") == hints["scale"], (case.label, hints["scale"])
 
 
@@ -226,8 +232,9 @@ def test_multi_head_attention_corners_take_the_corners_batch_lengths_and_mask():
     mask), and an MHA float mask added before the scale passed every run of a compiling implementation."""
     from attention_conformance.conformance.strategies import mha_cases
 
-    cases = corner_cases(EVERYTHING, mha_cases())
-    last = cases[covering.COMPILED_BRIEF_CORNER]
+    built = corner_cases(EVERYTHING, mha_cases(), with_hints=True)
+    cases = [case for _, case in built]
+    last = next(case for hints, case in built if hints["index"] == covering.COMPILED_BRIEF_CORNER)
     assert last.inputs["query"].shape[0] == 2 and last.inputs["key"].shape[1] > 1
     assert last.inputs["mask"].dtype != np.bool_
     assert len({(c.inputs["query"].shape[:2], c.inputs["key"].shape[1]) for c in cases}) > 3
