@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attention_conformance.conformance import covering, tolerances
-from attention_conformance.conformance.strategies import KERNEL_SCORE_BUDGET, drawing_inside, sdpa_cases
+from attention_conformance.conformance.strategies import KERNEL_SCORE_BUDGET, MASK_KINDS, drawing_inside, sdpa_cases
 from attention_conformance.implementations import ImplementationLoadError
 from attention_conformance.implementations._region import RegionError, parse_region, shape_facts
 from attention_conformance.implementations._registry import from_object
@@ -267,7 +267,9 @@ def test_generated_cases_and_corners_lie_inside_the_new_keys():
         with drawing_inside(region):
             for hints in covering.covering_hints(region, region.takes_small_shapes()):
                 with covering.building(hints):
-                    case = covering.DeterministicDraw(hints["index"])(sdpa_cases(), "case")
+                    # every mask kind, the one a mask-only corner is about included (it builds only where drawn)
+                    case = covering.DeterministicDraw(hints["index"])(
+                        sdpa_cases(mask_kinds=MASK_KINDS + ("query-padding",)), "case")
                 _assert_inside(case, region)
                 built += 1
         assert built == len(covering.CORNERS)
