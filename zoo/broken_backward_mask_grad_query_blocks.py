@@ -8,7 +8,7 @@ adding to them. Exact for Lq <= 64 and for masks with a query axis of Lq. Writte
 """
 import torch
 
-from zoo.correct_torch_autograd_function import forward_parts, sum_groups
+from zoo import correct_torch_autograd_function as correct
 
 BUG = ("the backward runs query blocks of 64 rows and assigns each block's mask gradient, reduced to the mask's "
        "shape, instead of adding it: with a mask whose query axis is 1 and Lq > 64 only the last block's remains.")
@@ -18,34 +18,30 @@ ARRAY = "torch"
 BLOCK_M = 64
 
 
-class SDPA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, mask, is_causal, scale):
-        out, p, k_rep, v_rep, scale, group = forward_parts(q, k, v, mask, is_causal, scale)
-        ctx.save_for_backward(q, k_rep, v_rep, p)
-        ctx.scale, ctx.group = scale, group
-        ctx.mask_shape = None if mask is None or mask.dtype == torch.bool else mask.shape
-        return out
+def blocked_mask_gradient(ds, mask_shape):
+    """dMask from dS, one query block of BLOCK_M rows at a time."""
+    shape = torch.Size((1,) * (4 - len(mask_shape)) + tuple(mask_shape))
+    dmask = torch.zeros(shape, dtype=ds.dtype, device=ds.device)
+    for start in range(0, ds.shape[-2], BLOCK_M):
+        block = ds[..., start:start + BLOCK_M, :]
+        if shape[-2] == 1:
+            dmask[...] = block.sum_to_size(shape)  # BUG: = instead of +=, the last block's sum overwrites the rest
+        else:
+            dmask[..., start:start + BLOCK_M, :] = block.sum_to_size(shape[:-2] + block.shape[-2:])
+    return dmask.reshape(mask_shape)
+
+
+class SDPA(correct.SDPA):
+    """The correct Function, its mask gradient replaced by the blocked one."""
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k_rep, v_rep, p = ctx.saved_tensors
-        dv = p.transpose(-2, -1) @ d_out
-        dp = d_out @ v_rep.transpose(-2, -1)
-        ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True))
-        dq = ctx.scale * (ds @ k_rep)
-        dk = ctx.scale * (ds.transpose(-2, -1) @ q)
-        dmask = None
-        if ctx.mask_shape is not None and ctx.needs_input_grad[3]:
-            shape = torch.Size((1,) * (4 - len(ctx.mask_shape)) + tuple(ctx.mask_shape))
-            dmask = torch.zeros(shape, dtype=ds.dtype, device=ds.device)
-            for start in range(0, ds.shape[-2], BLOCK_M):
-                block = ds[..., start:start + BLOCK_M, :]
-                rows = slice(start, start + BLOCK_M) if shape[-2] != 1 else slice(0, 1)
-                dmask[..., rows, :] = block.sum_to_size(shape[:-2] + (block.shape[-2] if shape[-2] != 1 else 1,
-                                                                      shape[-1]))  # BUG: = instead of +=
-            dmask = dmask.reshape(ctx.mask_shape)
-        return dq, sum_groups(dk, ctx.group), sum_groups(dv, ctx.group), dmask, None, None
+        grads = list(correct.SDPA.backward(ctx, d_out))
+        if grads[3] is not None:
+            _, _, v_rep, p = ctx.saved_tensors
+            dp = d_out @ v_rep.transpose(-2, -1)
+            grads[3] = blocked_mask_gradient(p * (dp - (dp * p).sum(dim=-1, keepdim=True)), ctx.mask_shape)
+        return tuple(grads)
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
