@@ -83,13 +83,12 @@ def with_upstream_gradient(draw, case: Case, float_masks_from_bool: bool = False
     inputs["d_out"] = rng.standard_normal(q.shape[:-1] + v.shape[-1:])
     label = case.label.replace(f"mask={case.mask_kind}", f"mask={kind}") + f" dO seed={seed}"
     variants = oracle.variant_options(inputs)
-    if variants:
-        keep = np.broadcast_to(oracle.judged_rows(q, inputs.get("query_lengths"))[..., None], inputs["d_out"].shape)
-        keep = keep & ~oracle.fully_masked_rows(q, k, inputs.get("mask"), bool(inputs.get("is_causal", False)),
-                                                **variants)[..., None]
-        if not keep.all():
-            inputs["d_out"] = np.where(keep, inputs["d_out"], 0.0)
-            label += " (dO 0 on rows without a key or padding)"
+    keep = np.broadcast_to(oracle.judged_rows(q, inputs.get("query_lengths"))[..., None], inputs["d_out"].shape)
+    keep = keep & ~oracle.fully_masked_rows(q, k, inputs.get("mask"), bool(inputs.get("is_causal", False)),
+                                            **variants)[..., None]
+    if not keep.all():
+        inputs["d_out"] = np.where(keep, inputs["d_out"], 0.0)
+        label += " (dO 0 on rows without a key or padding)"
     return Case("sdpa", inputs, case.clauses, label, mask_kind=kind)
 
 
@@ -225,11 +224,15 @@ def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "
     forward output fails sdpa.finite, in ``judge``). ``blame(judge, case, inputs, name)`` gives the clause and a note
     for a gradient beyond its tolerance: by default (gqa_blame) dK / dV failures of a grouped-query case name
     grad.gqa-sum when the per-head gradients (kv heads repeated to Hq) agree with the oracle. dq of padding rows
-    (i >= query_lengths[b]) is not judged: their output is unspecified.
+    (i >= query_lengths[b]) is not judged: their output is unspecified. Rows without a key take dO = 0
+    (with_upstream_gradient), so their gradients are zero under "zeros" and "uniform"; a case with a row declared
+    "nan" has only its forward judged.
     """
     __tracebackhide__ = True
     got = _gradients_or_verdict(judge, case, inputs)
     judge.judge(case, got["out"], inputs, forward_clause)
+    if np.any(judge.declared_policy_rows(case, inputs) & (np.asarray(judge.policy(case, inputs)) == "nan")):
+        return  # a row declared NaN (FULLY_MASKED_ROWS): its NaN reaches dk and dv through dO = 0 as well
     want, allowed = _expected(inputs, judge)
     if inputs.get("query_lengths") is not None and got.get("dq") is not None and got["dq"].shape == want["dq"].shape:
         rows = np.broadcast_to(judge.judged_rows(case, inputs)[..., None], want["dq"].shape)
@@ -286,7 +289,8 @@ def test_sdpa_gradients(impl, device, dtype, case):
                derives=(DerivedCase("makes every mask an additive float mask", sets={"mask_kind": "float"}),))
 @sdpa_op
 @given(case=gradient_cases(mask_kinds=("float", "key-padding", "float-large", "bool-2d", "per-head",
-                                       "bool-query-keys"), float_masks_from_bool=True, clauses=("grad.mask",)))
+                                       "bool-query-keys"), float_masks_from_bool=True, allow_empty_rows=True,
+                           clauses=("grad.mask",)))
 def test_float_mask_gradient(impl, device, dtype, case):
     """dL/dmask of an additive mask in every broadcast shape: dS summed over the broadcast axes."""
     judge = _judge(impl, device, dtype)

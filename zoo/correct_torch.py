@@ -18,9 +18,10 @@ DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 def softmax(x, axis=-1):
     x = torch.as_tensor(x)
-    w = torch.softmax(x, dim=axis)
     dead = torch.isneginf(x).all(dim=axis, keepdim=True)  # all -inf slice -> zeros
-    return w.masked_fill(dead, 0)
+    # The softmax of a dead slice is taken of zeros, not of -inf: softmax(-inf, ...) is NaN, and though the forward
+    # fills it with 0, its backward would carry the NaN into every gradient (PyTorch issue 41508).
+    return torch.softmax(x.masked_fill(dead, 0), dim=axis).masked_fill(dead, 0)
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
