@@ -156,9 +156,12 @@ def jax_compile_figures() -> None:
     from attention_conformance.implementations import builtin
 
     compiles = []
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, duration, **_: compiles.append(duration)
-        if event == "/jax/core/compile/backend_compile_duration" else None)
+
+    def count(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
     rng = np.random.default_rng(0)
     shapes = [(1, 1, 3, 4), (1, 2, 5, 3), (2, 2, 7, 6), (1, 1, 2, 2), (2, 1, 4, 4), (1, 3, 6, 2)]
     print("\nJAX: first call (trace + XLA compile) against a repeat call, jax_numpy sdpa, float32:")

@@ -26,9 +26,9 @@ from attention_conformance.conformance.checks import ImplementationHung, Judge
 from attention_conformance.conformance.gradients import NotDifferentiable, backward_allowed, gradients
 from attention_conformance.conformance.judging import exceeds_allowed
 from attention_conformance.conformance.plugin import require_device
+from attention_conformance.conformance.properties import UNLESS_COMPILED
 from attention_conformance.conformance.report import _own_dtype, array_source
 from attention_conformance.conformance.strategies import DerivedCase, sdpa_cases
-from attention_conformance.conformance.properties import UNLESS_COMPILED
 from attention_conformance.conformance.test_properties import property_test
 from attention_conformance.implementations._arrays import ARRAY_KINDS, differentiable_kinds
 

@@ -36,12 +36,7 @@ class SDPA(correct.SDPA):
 
     @staticmethod
     def backward(ctx, d_out):
-        grads = list(correct.SDPA.backward(ctx, d_out))
-        if grads[3] is not None:
-            _, _, v_rep, p = ctx.saved_tensors
-            dp = d_out @ v_rep.transpose(-2, -1)
-            grads[3] = blocked_mask_gradient(p * (dp - (dp * p).sum(dim=-1, keepdim=True)), ctx.mask_shape)
-        return tuple(grads)
+        return correct.gradients(ctx, d_out, *ctx.saved_tensors, mask_gradient=blocked_mask_gradient)
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None):

@@ -62,14 +62,19 @@ class SDPA(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k_rep, v_rep, p = ctx.saved_tensors
-        dv = p.transpose(-2, -1) @ d_out
-        dp = d_out @ v_rep.transpose(-2, -1)
-        ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True))
-        dq = ctx.scale * (ds @ k_rep)
-        dk = ctx.scale * (ds.transpose(-2, -1) @ q)
-        dmask = ds.sum_to_size(ctx.mask_shape) if ctx.mask_shape is not None and ctx.needs_input_grad[3] else None
-        return dq, sum_groups(dk, ctx.group), sum_groups(dv, ctx.group), dmask, None, None
+        return gradients(ctx, d_out, *ctx.saved_tensors)
+
+
+def gradients(ctx, d_out, q, k_rep, v_rep, p, mask_gradient=lambda ds, shape: ds.sum_to_size(shape)):
+    """SDPA.backward's result from the saved tensors (a broken member may hand other ones, or its own
+    ``mask_gradient(dS, mask shape)``)."""
+    dv = p.transpose(-2, -1) @ d_out
+    dp = d_out @ v_rep.transpose(-2, -1)
+    ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True))
+    dq = ctx.scale * (ds @ k_rep)
+    dk = ctx.scale * (ds.transpose(-2, -1) @ q)
+    dmask = mask_gradient(ds, ctx.mask_shape) if ctx.mask_shape is not None and ctx.needs_input_grad[3] else None
+    return dq, sum_groups(dk, ctx.group), sum_groups(dv, ctx.group), dmask, None, None
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
