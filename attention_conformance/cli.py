@@ -29,9 +29,9 @@ def command(args: list[str]) -> list[str]:
 
 def merge_command(args: list[str]) -> int:
     """`attention-conformance merge ...`: no pytest run, so this process does the work itself."""
-    from attention_conformance.conformance import merge
+    from attention_conformance.conformance.reporting import merge_cli
 
-    return merge.main(args)
+    return merge_cli.main(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,15 +72,16 @@ def repro_main(argv: list[str]) -> int:
     # As `python -m pytest` does: --impl modules import from the directory the run was started in.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from attention_conformance.conformance import repro
-    from attention_conformance.implementations import ImplementationLoadError
+    from attention_conformance.conformance.harness import replay
+    from attention_conformance.conformance.judging.evidence import ReproError, find
+    from attention_conformance.implementations.registry import ImplementationLoadError
 
     try:
-        saved = repro.load(repro.find(options.id))
+        saved = replay.load(find(options.id))
         if options.print_python:
-            sys.stdout.write(repro.python_script(saved, options.impl))
+            sys.stdout.write(replay.python_script(saved, options.impl))
             return 0
-        return repro.replay_and_report(saved, options.impl, print)
-    except (repro.ReproError, ImplementationLoadError) as exc:
+        return replay.replay_and_report(saved, options.impl, print)
+    except (ReproError, ImplementationLoadError) as exc:
         print(f"attention-conformance repro: {exc}", file=sys.stderr)
         return 2

@@ -59,7 +59,7 @@ DEFAULT_REPORT_CHARS = "ExX"
 def pytest_addoption(parser):
     # Every pytest run in an environment with the suite installed registers these options: the choices come
     # from the array adapters alone, not the whole plugin (spec loading, schemas), about 0.2 s less per run.
-    from attention_conformance.implementations._arrays import DECLARABLE_DTYPE_NAMES, device_names
+    from attention_conformance.implementations.arrays import DECLARABLE_DTYPE_NAMES, device_names
 
     group = parser.getgroup("attention-conformance")
     group.addoption(
@@ -281,7 +281,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """After every deselection (-k, -m, ours): what is left to run is what the coverage rule expects judged."""
     if engaged(session.config):
-        from attention_conformance.conformance import coverage
+        from attention_conformance.conformance.reporting import coverage
 
         coverage.note_collection(session.items)
 
@@ -312,11 +312,11 @@ def pytest_runtest_makereport(item, call):
     (conformance/failure_block.py)."""
     report = yield
     if engaged(item.config):
-        from attention_conformance.conformance import baseline
+        from attention_conformance.conformance.reporting import baseline
 
         baseline.mark_verdict(report, call)
         if call.excinfo is not None:
-            from attention_conformance.conformance import failure_block
+            from attention_conformance.conformance.reporting import failure_block
 
             failure_block.after_test(item, call, report)
     return report
@@ -339,7 +339,7 @@ def pytest_runtest_call(item):
     """The per-test time limit repeats only while the test function runs (conformance/time_limit.py)."""
     if not engaged(item.config):
         return (yield)
-    from attention_conformance.conformance import time_limit
+    from attention_conformance.conformance.judging import time_limit
 
     time_limit.call_started(item)
     try:
@@ -353,7 +353,7 @@ def pytest_timeout_set_timer(item, settings):
     """pytest-timeout: in the suite's runs the limit raises an exception Hypothesis does not shrink
     (conformance/time_limit.py); None leaves the timer to pytest-timeout."""
     if engaged(item.config):
-        from attention_conformance.conformance import time_limit
+        from attention_conformance.conformance.judging import time_limit
 
         return time_limit.set_timer(item, settings)
     return None

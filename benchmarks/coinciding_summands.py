@@ -16,7 +16,7 @@ from unittest import mock
 
 import numpy as np
 
-from attention_conformance.conformance import oracle, tolerances
+from attention_conformance.conformance.reference import oracle, tolerances
 
 TARGETS = (0.25, 0.5, 1, 2, 4, 8, 16, 64)  # the weights' relative spread, in units of n * u
 LENGTHS = (1024, 4096, 16384, 65536)

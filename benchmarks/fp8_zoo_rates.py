@@ -1,5 +1,5 @@
 """How reliably fresh default runs reject the FP8 zoo members (zoo/broken_fp8_*.py) and accept the correct ones
-(zoo/correct_fp8_*.py), FP8 attention of issue 25.
+(zoo/correct_fp8_*.py): FP8 attention.
 
 An FP8 member declares only the 8-bit dtypes (DTYPES = float8_e4m3fn, float8_e5m2), so collection gives it the
 8-bit items alone (conformance/test_fp8.py and the fixtures of fixtures/fp8.yaml) and no other: the default

@@ -12,7 +12,7 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, ".")
-from attention_conformance.conformance import oracle  # noqa: E402
+from attention_conformance.conformance.reference import oracle
 
 rng = np.random.default_rng(0)
 LINES = []
@@ -191,7 +191,8 @@ def jax_probes():
     probe("jax xla highest", "float16", lbl(a), lambda *x: dpa(*x, precision="highest"), a)
     probe("jax xla default", "float16", lbl(a), lambda *x: dpa(*x, precision="default"), a)
     probe("jax xla nojit", "float16", lbl(a), lambda *x: dpa(*x, jit=False), a)
-    from attention_conformance.implementations.builtin import JaxDotProductAttention, JaxNumpy
+    from attention_conformance.implementations.builtin.jax_backend import JaxDotProductAttention
+    from attention_conformance.implementations.builtin.jax_numpy import JaxNumpy
     for cls in (JaxDotProductAttention, JaxNumpy):
         for d in (1, 4, 64):
             for dtype in ("float32", "float16", "bfloat16"):

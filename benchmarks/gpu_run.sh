@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The suite on a lent GPU machine, as one prepared command (README "GPU"): the device checks of a session.
+# The suite on a GPU machine, as one prepared command (README "GPU").
 #
 #   bash benchmarks/gpu_run.sh [SECONDS] [PYTEST ARGS...]
 #
@@ -7,7 +7,7 @@
 # derandomized `ci` profile, -n auto (one worker per core), the 25 slowest durations, -v. The log, the JSON report
 # and its page go to $OUT (or ./gpu-run), gzipped, so that they survive a time-out: pytest is stopped with SIGTERM
 # after SECONDS (default 420), which still prints the summary and writes the report, marked incomplete.
-# Python packages the machine lacks travel as wheels in .whl/ (the device tool's README): installed first if present.
+# Python packages the machine lacks travel as wheels in .whl/: installed first if present.
 # On 2026-11-27 (H200, 16 cores, commit 49f801d) the same run, with -n 16, reached 98 % of its items in 263 s; on an
 # H100 (16 cores, commit 434a5e5) it completed, 5257 items, in 401 s (docs/gpu-runs/2026-11-27-h100).
 set -u

@@ -28,12 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 
-from attention_conformance.conformance import oracle, oracle_backward  # noqa: E402
 from attention_conformance.conformance import test_variant_gradients as properties  # noqa: E402
-from attention_conformance.conformance.cases import widen  # noqa: E402
-from attention_conformance.conformance.gradients import backward_allowed, gradients  # noqa: E402
-from attention_conformance.conformance.strategies import drawing_inside  # noqa: E402
-from attention_conformance.implementations import load_implementation  # noqa: E402
+from attention_conformance.conformance.cases.case import widen
+from attention_conformance.conformance.cases.drawing import drawing_inside
+from attention_conformance.conformance.judging.gradients import backward_allowed, gradients
+from attention_conformance.conformance.reference import backward as oracle_backward
+from attention_conformance.conformance.reference import oracle
+from attention_conformance.implementations.registry import load_implementation
 
 IMPLS = ("builtin:torch_math", "builtin:torch_sdpa", "builtin:jax_numpy", "builtin:jax_dpa",
          "zoo.correct_torch_variant_backward")

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from attention_conformance.conformance.strategies import OUTLIER_UNSCALED_SCORE
+from attention_conformance.conformance.cases.sdpa import OUTLIER_UNSCALED_SCORE
 
 B, H, HKV, L = 1, 4, 4, 64
 SIZE = math.sqrt(OUTLIER_UNSCALED_SCORE)

@@ -87,8 +87,8 @@ class CallTimer:
         self.judging = collections.Counter()  # impl -> seconds in the float64 oracle and the error bound
 
     def install(self):
-        from attention_conformance.conformance.checks import Judge
-        from attention_conformance.implementations._registry import Implementation
+        from attention_conformance.conformance.judging.verdict import Judge
+        from attention_conformance.implementations.registry import Implementation
 
         Implementation.call = self._timed(Implementation.call, self.inside, count=True)
         for method in ("_expected_shape", "_fully_masked_rows", "_oracle"):

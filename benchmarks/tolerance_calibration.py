@@ -20,10 +20,10 @@ out and counted (the suite reports them as deviations, it does not judge them).
     python benchmarks/tolerance_calibration.py [--examples 60] [--impl zoo.kernel_correct ...] [--dtype float16]
     python benchmarks/tolerance_calibration.py --precision-zoo   # the zoo's precision_* and correct 16-bit members
     python benchmarks/tolerance_calibration.py --ops variants,variants-kernel,softcap,alibi   # the sdpa variants
-    python benchmarks/tolerance_calibration.py --ops sinks,sinks-kernel,chunk-leftpad   # issue 25's variants
+    python benchmarks/tolerance_calibration.py --ops sinks,sinks-kernel,chunk-leftpad   # sinks, chunks, left padding
     python benchmarks/tolerance_calibration.py --ops varlen,paged   # packed batches and paged KV caches
     python benchmarks/tolerance_calibration.py --ops mha-variants   # multi_head_attention's variant keywords
-    python benchmarks/tolerance_calibration.py --fp8-zoo --ops fp8,fp8-kernel,fp8-decode,fp8-variants   # FP8 (issue 25)
+    python benchmarks/tolerance_calibration.py --fp8-zoo --ops fp8,fp8-kernel,fp8-decode,fp8-variants   # FP8 attention
     python benchmarks/tolerance_calibration.py --fp8-adversarial   # FP8 rows built to correlate P's roundings
 """
 from __future__ import annotations
@@ -36,17 +36,19 @@ from pathlib import Path
 
 import numpy as np
 
+from attention_conformance.conformance.cases import fp8, mha, sdpa, sequences, softmax, variants
+from attention_conformance.conformance.judging import expected, verdict
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from attention_conformance.conformance import checks, strategies  # noqa: E402
-from attention_conformance.conformance.expected import canonical_output  # noqa: E402
-from attention_conformance.conformance.strategies import drawing_inside  # noqa: E402
-from attention_conformance.implementations import builtin_implementations, load_implementation  # noqa: E402
-from attention_conformance.implementations._arrays import is_eight_bit, numpy_dtype  # noqa: E402
-from attention_conformance.implementations._region import parse_region  # noqa: E402
+from attention_conformance.conformance.cases.drawing import drawing_inside
+from attention_conformance.conformance.reference.output_forms import canonical_output
+from attention_conformance.implementations.arrays import is_eight_bit, numpy_dtype
+from attention_conformance.implementations.region import parse_region
+from attention_conformance.implementations.registry import builtin_implementations, load_implementation
 
 # The region a flash-like kernel declares (zoo/kernel_correct.py): kernel-shaped cases only.
 KERNEL_REGION = {"head_dims": {"min": 16, "max": 256, "multiple": 8}}
@@ -54,7 +56,7 @@ PRECISION_ZOO = ("zoo.kernel_correct", "zoo.correct_flash_blockwise", "zoo.corre
                  "zoo.correct_logsumexp", "zoo.correct_reference", "zoo.precision_fp16_as_bf16",
                  "zoo.precision_bf16_pv_accumulate", "zoo.precision_bf16_zeros_large_head",
                  "zoo.precision_bf16_exp2_no_log2e")
-# FP8 attention (issue 25; spec/tolerances.yaml, eight_bit): the correct 8-bit members beside the built-in
+# FP8 attention (spec/tolerances.yaml, eight_bit): the correct 8-bit members beside the built-in
 # torch_scaled_mm_fp8: FlashAttention 3's pipeline emulated, the same with P in float32, and a path that
 # dequantizes to bfloat16 and computes there.
 FP8_ZOO = ("builtin:torch_scaled_mm_fp8", "zoo.correct_fp8_fa3_emulation", "zoo.correct_fp8_unrounded_p",
@@ -76,7 +78,7 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
         # A case under a declared deviation (KNOWN_DEVIATIONS, e.g. torch_sdpa's causal CPU kernel with a negative
         # scale in 16-bit dtypes) is reported as a deviation by the suite, not judged: it measures nothing here.
         if impl.known_deviations:
-            facts = checks.Judge(impl, dtype, "cpu").facts(case, inputs)
+            facts = verdict.Judge(impl, dtype, "cpu").facts(case, inputs)
             if any(deviation["when"](facts) for deviation in impl.known_deviations):
                 found["deviations"] += 1
                 return
@@ -86,14 +88,14 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
             return
         got = canonical_output(case.op, got)  # sdpa_varlen's rows as the judge holds them
         policy = impl.policy_for(inputs.get("mask")) if case.op != "softmax" else "zeros"
-        want = checks.expected_output(case, inputs, policy, impl.sequence_alignment)
-        allowed = np.broadcast_to(checks.allowed_error(case, inputs, dtype, policy, alignment=impl.sequence_alignment,
+        want = expected.expected_output(case, inputs, policy, impl.sequence_alignment)
+        allowed = np.broadcast_to(expected.allowed_error(case, inputs, dtype, policy, alignment=impl.sequence_alignment,
                                                        output_dtype=impl.output_dtype(dtype)), want.shape)
         finite = np.isfinite(want) & (allowed > 0)
         if case.op == "sdpa":  # padding rows of a variable-length batch (sdpa.varlen) are not judged
-            finite &= np.broadcast_to(checks.Judge(impl, dtype, "cpu").judged_rows(case, inputs)[..., None], want.shape)
+            finite &= np.broadcast_to(verdict.Judge(impl, dtype, "cpu").judged_rows(case, inputs)[..., None], want.shape)
         elif case.op == "multi_head_attention":  # nor those of MHA's output (mha.variants)
-            finite &= np.broadcast_to(checks.Judge(impl, dtype, "cpu").judged_rows(case, inputs), want.shape)
+            finite &= np.broadcast_to(verdict.Judge(impl, dtype, "cpu").judged_rows(case, inputs), want.shape)
         if finite.any():
             with np.errstate(invalid="ignore"):
                 error = np.where(np.isfinite(got), np.abs(got - want), np.inf)
@@ -145,13 +147,13 @@ def fp8_adversarial_case(kind: str, dtype: str, lk: int, rng):
         k[:, :, ::2], k[:, :, 1::2], v = k[:, :, :1], k[:, :, 1:2], np.abs(v) + 1
     elif kind == "large":
         q, k = q * 4, k * 4
-    stored = [strategies.quantized(x, hkv, "calibrated", dtype, rng) for x in (q, k, v)]
+    stored = [fp8.quantized(x, hkv, "calibrated", dtype, rng) for x in (q, k, v)]
     return tuple(x for x, _ in stored) + tuple(factors for _, factors in stored)
 
 
 def fp8_adversarial(specs) -> None:
     """Max error / allowed per implementation and 8-bit dtype over the FP8_ADVERSARIAL rows, Lk 5, 300 and 2048."""
-    from attention_conformance.conformance import oracle, tolerances
+    from attention_conformance.conformance.reference import oracle, tolerances
 
     rng = np.random.default_rng(0)
     for spec in specs:
@@ -209,38 +211,39 @@ def main() -> None:
         + (list(FP8_ZOO) if args.fp8_zoo else [])
     impls = [load_implementation(s) for s in specs] if specs else builtin_implementations()
     ops = {
-        "sdpa": ("sdpa", strategies.sdpa_cases(allow_empty_rows=True), None),
-        "sdpa-kernel": ("sdpa", strategies.sdpa_cases(allow_empty_rows=True), KERNEL_REGION),
+        "sdpa": ("sdpa", sdpa.sdpa_cases(allow_empty_rows=True), None),
+        "sdpa-kernel": ("sdpa", sdpa.sdpa_cases(allow_empty_rows=True), KERNEL_REGION),
         # The sdpa variants (window, softcap, ALiBi, query offset, lengths) together, with masks, causal and GQA
         # (spec/tolerances.yaml, variants): python benchmarks/tolerance_calibration.py --ops variants,variants-kernel
-        "variants": ("sdpa", strategies.variant_cases(mask_kinds=("none", "bool-full", "float")), None),
-        "variants-kernel": ("sdpa", strategies.variant_cases(mask_kinds=("none", "bool-full", "float")), KERNEL_REGION),
-        "softcap": ("sdpa", strategies.variant_cases(variants=("softcap",), mask_kinds=("none", "float")), None),
-        "alibi": ("sdpa", strategies.variant_cases(variants=("alibi_slopes", "query_offset")), None),
-        # Issue 25 (spec/tolerances.yaml, variants: c_sink): learnable sinks on every older variant, with masks,
-        # causal and GQA, small and kernel-shaped; chunks, sink tokens and left padding (they only choose keys).
-        "sinks": ("sdpa", strategies.sink_chunk_leftpad_cases(
-            features=("learnable_sink",), variants=strategies.VARIANTS, mask_kinds=("none", "bool-full", "float")), None),
-        "sinks-kernel": ("sdpa", strategies.sink_chunk_leftpad_cases(
-            features=("learnable_sink",), variants=strategies.VARIANTS, mask_kinds=("none", "bool-full", "float")),
+        "variants": ("sdpa", variants.variant_cases(mask_kinds=("none", "bool-full", "float")), None),
+        "variants-kernel": ("sdpa", variants.variant_cases(mask_kinds=("none", "bool-full", "float")), KERNEL_REGION),
+        "softcap": ("sdpa", variants.variant_cases(variants=("softcap",), mask_kinds=("none", "float")), None),
+        "alibi": ("sdpa", variants.variant_cases(variants=("alibi_slopes", "query_offset")), None),
+        # Sinks, chunks, left padding (spec/tolerances.yaml, variants: c_sink): learnable sinks on every older
+        # variant, with masks, causal and GQA, small and kernel-shaped; chunks, sink tokens and left padding (they
+        # only choose keys).
+        "sinks": ("sdpa", variants.sink_chunk_leftpad_cases(
+            features=("learnable_sink",), variants=variants.VARIANTS, mask_kinds=("none", "bool-full", "float")), None),
+        "sinks-kernel": ("sdpa", variants.sink_chunk_leftpad_cases(
+            features=("learnable_sink",), variants=variants.VARIANTS, mask_kinds=("none", "bool-full", "float")),
             KERNEL_REGION),
-        "chunk-leftpad": ("sdpa", strategies.sink_chunk_leftpad_cases(
-            features=strategies.SINK_FEATURES, variants=("window", "query_offset"),
+        "chunk-leftpad": ("sdpa", variants.sink_chunk_leftpad_cases(
+            features=variants.SINK_FEATURES, variants=("window", "query_offset"),
             mask_kinds=("none", "key-padding")), None),
         # Packed batches and paged caches (spec/tolerances.yaml, sequences): every per-sequence variant drawn.
-        "varlen": ("sdpa_varlen", strategies.varlen_cases(variants=strategies.SEQUENCE_VARIANT_NAMES), None),
-        "paged": ("sdpa_paged", strategies.paged_cases(variants=strategies.SEQUENCE_VARIANT_NAMES), None),
+        "varlen": ("sdpa_varlen", sequences.varlen_cases(variants=sequences.SEQUENCE_VARIANT_NAMES), None),
+        "paged": ("sdpa_paged", sequences.paged_cases(variants=sequences.SEQUENCE_VARIANT_NAMES), None),
         # FP8 (spec/tolerances.yaml, eight_bit): the cases of conformance/test_fp8.py, small and kernel-shaped,
         # decode against a long cache, and with a window and a softcap.
-        "fp8": ("sdpa", strategies.fp8_cases(), None),
-        "fp8-kernel": ("sdpa", strategies.fp8_cases(), KERNEL_REGION),
-        "fp8-decode": ("sdpa", strategies.fp8_cases(mask_kinds=("none", "key-padding"), causal=st.just(False),
+        "fp8": ("sdpa", fp8.fp8_cases(), None),
+        "fp8-kernel": ("sdpa", fp8.fp8_cases(), KERNEL_REGION),
+        "fp8-decode": ("sdpa", fp8.fp8_cases(mask_kinds=("none", "key-padding"), causal=st.just(False),
                                                     query_mode="decode"), None),
-        "fp8-variants": ("sdpa", strategies.fp8_cases(variants=("window", "softcap"), mask_kinds=("none",)), None),
-        "softmax": ("softmax", strategies.softmax_cases(), None),
-        "multi_head_attention": ("multi_head_attention", strategies.mha_cases(), None),
+        "fp8-variants": ("sdpa", fp8.fp8_cases(variants=("window", "softcap"), mask_kinds=("none",)), None),
+        "softmax": ("softmax", softmax.softmax_cases(), None),
+        "multi_head_attention": ("multi_head_attention", mha.mha_cases(), None),
         # mha.variants: every variant keyword inside multi-head attention (a random subset a case), per head
-        "mha-variants": ("multi_head_attention", strategies.mha_variant_cases(), None),
+        "mha-variants": ("multi_head_attention", mha.mha_variant_cases(), None),
     }
     ops = {name: ops[name] for name in args.ops.split(",")}
     print("median/max of error / allowed over the cases; z: share of sdpa rows whose allowance reaches the row's "

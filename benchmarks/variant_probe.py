@@ -45,10 +45,10 @@ def probe_jax() -> None:
 
 
 def probe_flex(shapes=((2, 4, 2, 5, 7, 8), (1, 2, 1, 33, 65, 16))) -> None:
+    import warnings
+
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    import warnings
 
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     compiled = torch.compile(flex_attention)

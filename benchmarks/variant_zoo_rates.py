@@ -13,7 +13,7 @@ database, a new random seed):
 (the other fixtures pass no variant keyword; the ONNX-derived fixtures/onnx_attention_variants.yaml could only
 add rejections, so the rates here are a lower bound for the default run's.)
 
-Issue 25's MHA and variant-gradient members are narrowed to the modules that reach them (NARROWED below).
+The MHA-variant and variant-gradient members are narrowed to the modules that reach them (NARROWED below).
 
 Usage: python benchmarks/variant_zoo_rates.py [--runs 20] [--members broken_variant_window_top_left ...] [--full]
 (--full runs the whole default command, `python -m pytest conformance`, instead).
@@ -35,7 +35,7 @@ import zoo  # noqa: E402
 MEMBERS = tuple(n for n in zoo.member_names() if "variant" in n)
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 VARIANTS_YAML = FIXTURES / "variants.yaml"
-# Issue 25's last parts reach their members elsewhere: multi_head_attention's variant keywords only through
+# The MHA-variant and variant-gradient members are reached elsewhere: MHA's variant keywords only through
 # conformance/test_mha.py's variant properties and fixtures/mha_variants.yaml; a variant backward only through
 # conformance/test_variant_gradients.py (its forward and plain backward are right, and no fixture takes gradients).
 # (member name prefix, test modules, the fixture file that passes its keywords or None)

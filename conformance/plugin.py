@@ -15,24 +15,31 @@ from pathlib import Path
 
 import pytest
 
-from attention_conformance.implementations import DTYPE_NAMES, Implementation, ImplementationLoadError
-from attention_conformance.implementations import builtin_implementations, load_implementation
-from attention_conformance.implementations._arrays import (ARRAY_KINDS, DECLARABLE_DTYPE_NAMES, EIGHT_BIT_DTYPE_NAMES,
-                                                           device_names, dtype_unavailable_reason)
-
-from . import repro, session
-from .session import IMPLS_KEY, USER_NAMED_KEY, implementations
-from .specdata import SpecError, clauses, fixtures
+from attention_conformance.conformance.cases.fixtures import fixtures
+from attention_conformance.conformance.harness import session
+from attention_conformance.conformance.harness.checks import absent_device_reason, array_devices
+from attention_conformance.conformance.harness.session import IMPLS_KEY, USER_NAMED_KEY, implementations
+from attention_conformance.conformance.judging import evidence
+from attention_conformance.conformance.reporting import summary
+from attention_conformance.conformance.specdata import SpecError, clauses
+from attention_conformance.implementations.arrays import (
+    DECLARABLE_DTYPE_NAMES,
+    DTYPE_NAMES,
+    EIGHT_BIT_DTYPE_NAMES,
+    device_names,
+    dtype_unavailable_reason,
+)
+from attention_conformance.implementations.registry import (
+    Implementation,
+    ImplementationLoadError,
+    builtin_implementations,
+    load_implementation,
+)
 
 ENV_VAR = "ATTENTION_CONFORMANCE_IMPL"
+
+
 ENTRY_POINT_GROUP = "attention_conformance.implementations"
-
-__all__ = ["DTYPE_NAMES"]
-
-
-def array_devices(array: str) -> tuple[str, ...]:
-    """Every device the adapter of ``array`` can offer (present on this machine or not)."""
-    return tuple(ARRAY_KINDS[array].DEVICES)
 
 
 # ------------------------------------------------------------------ discovery
@@ -60,7 +67,7 @@ def _entry_point_implementations() -> list[Implementation]:
             raise ImplementationLoadError(
                 f"entry point {entry.name!r} ({spec}) in {ENTRY_POINT_GROUP}: cannot load: {type(exc).__name__}: {exc}"
             ) from None
-        from attention_conformance.implementations._registry import from_object
+        from attention_conformance.implementations.registry import from_object
 
         found.append(from_object(obj, entry.name, spec))
     return found
@@ -81,9 +88,9 @@ def load_suite_modules() -> None:
     from attention_conformance import conformance, implementations
 
     for package in (conformance, implementations):
-        for module in pkgutil.iter_modules(package.__path__):
-            if not module.name.startswith("test_"):  # the test modules: pytest imports them at collection
-                importlib.import_module(f"{package.__name__}.{module.name}")
+        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if not module.name.rpartition(".")[2].startswith("test_"):  # pytest imports the tests at collection
+                importlib.import_module(module.name)
 
 
 def configure(config) -> None:
@@ -102,7 +109,7 @@ def configure(config) -> None:
         raise pytest.UsageError(f"two implementations share the name(s) {sorted(duplicates)}; set NAME to tell them apart")
     config.stash[IMPLS_KEY] = impls
     config.stash.setdefault(USER_NAMED_KEY, {impl.name for impl in impls})
-    repro.configure(config)
+    evidence.configure(config)
     configure_runners(config)
     if config.getoption("list_impls"):
         _print_impls(impls)
@@ -111,7 +118,7 @@ def configure(config) -> None:
 
 def configure_runners(config) -> None:
     """--shard and --baseline (conformance/shards.py, conformance/baseline.py), checked before anything runs."""
-    from . import baseline, shards
+    from attention_conformance.conformance.reporting import baseline, shards
 
     shard = shards.parse(config.getoption("shard", None))
     if shard is not None:
@@ -178,6 +185,8 @@ def quiet_torch_trace_log() -> bool:
 
 
 COMPILATION_CACHE = "attention-conformance"  # under pytest's cache directory: .pytest_cache/d/attention-conformance
+
+
 FALLBACK_COMPILATION_CACHE = ".attention-conformance"  # under the rootdir, when pytest's cache is off
 
 
@@ -217,7 +226,7 @@ def share_jax_compilations(config) -> None:
 
 
 def _print_impls(impls) -> None:
-    from .list_impls import listing
+    from attention_conformance.conformance.reporting.list_impls import listing
 
     print(listing(impls))
 
@@ -251,7 +260,7 @@ def deselect_absent_devices(config, items) -> None:
     """Items for a device this machine lacks are deselected, not skipped: on a machine without a GPU they were
     a fifth of a default run's items and lines of its progress output. The summary names them in one line per
     device, and the coverage rule still counts them (a --device cuda run without a GPU judges nothing: it fails)."""
-    from . import coverage
+    from attention_conformance.conformance.reporting import coverage
 
     keep, drop = [], []
     for item in items:
@@ -289,7 +298,7 @@ def _implementation_of(item) -> str:
 
 def keep_this_shard(config, items) -> None:
     """--shard I/N: the I-th share of the items left after every other deselection (conformance/shards.py)."""
-    from . import shards
+    from attention_conformance.conformance.reporting import shards
 
     shards.select(config, items)
 
@@ -409,16 +418,6 @@ def _fixture_rows(triples) -> list:
     return rows
 
 
-def absent_device_reason(impl: Implementation, device: str) -> str:
-    return f"{device} is not available to {impl.name} ({impl.array}) on this machine"
-
-
-def require_device(impl: Implementation, device: str) -> None:
-    """Skip (with the reason) when the device is absent; imports the framework only now."""
-    if device not in impl.devices():
-        pytest.skip(absent_device_reason(impl, device))
-
-
 # ------------------------------------------------------------- hypothesis
 def register_hypothesis_profiles() -> None:
     from hypothesis import HealthCheck, settings
@@ -436,7 +435,7 @@ def register_hypothesis_profiles() -> None:
 
 # ------------------------------------------------------------- the end of the run
 def terminal_summary(terminalreporter, config) -> None:
-    from . import coverage, summary
+    from attention_conformance.conformance.reporting import coverage
 
     summary.terminal_summary(terminalreporter, config)
     lines = coverage.terminal_lines(config)
@@ -455,14 +454,14 @@ def start(config) -> None:
     says where it runs, for its controller to stop it."""
     session.install_signal_handlers()
     if is_xdist_worker(config):
-        from . import transport
+        from attention_conformance.conformance.reporting import transport
 
         transport.announce(config)
 
 
 def interrupted(excinfo) -> None:
     """pytest_keyboard_interrupt: remember why; the controller stops the workers still running."""
-    from . import transport
+    from attention_conformance.conformance.reporting import transport
 
     session.keyboard_interrupt(excinfo)
     transport.stop_workers()
@@ -477,22 +476,24 @@ def tests_ended() -> None:
 def configure_node(node) -> None:
     """pytest-xdist, on the controller: tell a new worker where to stream what it judges (transport.py) and where
     to save repros (repro.py)."""
-    from . import transport
+    from attention_conformance.conformance.reporting import transport
 
     node.workerinput[transport.STREAM_KEY] = transport.open_stream_directory()
-    repro.node_input(node)
+    evidence.node_input(node)
 
 
 def item_done(config) -> None:
     """After each test item: a worker streams the records it judged (a run stopped from outside keeps them)."""
     freeze_after_imports()
     if is_xdist_worker(config):
-        from . import transport
+        from attention_conformance.conformance.reporting import transport
 
         transport.stream(config)
 
 
 _MODULES_AT_FREEZE = [0]
+
+
 FULL_COLLECTION_EVERY = 100  # collections of the middle generation between two full ones (CPython's default: 10)
 
 
@@ -519,14 +520,14 @@ def freeze_after_imports() -> None:
 def finish(pytest_session) -> None:
     """At sessionfinish: note how the run ended; a worker hands over what it has; the controller (or the only
     process) merges what dead workers streamed, applies the coverage rule and writes the report."""
-    from . import coverage, transport
+    from attention_conformance.conformance.reporting import coverage, transport
 
     session.finishing()
     if pytest_session.shouldfail or pytest_session.shouldstop:
         session.note_stopped(f"stopped early: {pytest_session.shouldfail or pytest_session.shouldstop}")
     config = pytest_session.config
     if is_xdist_worker(config):
-        from . import shards
+        from attention_conformance.conformance.reporting import shards
 
         transport.stream(config, final=True)
         coverage.send(config)
@@ -545,7 +546,7 @@ def finish(pytest_session) -> None:
 def finish_runners(pytest_session) -> None:
     """The report, compared with --baseline first when one is given (conformance/baseline.py); a shard that drew
     no item exits 0 (conformance/shards.py)."""
-    from . import baseline, json_report, shards
+    from attention_conformance.conformance.reporting import baseline, json_report, shards
 
     config = pytest_session.config
     shards.no_items_is_success(pytest_session, config)
@@ -560,7 +561,7 @@ def finish_runners(pytest_session) -> None:
 
 def unconfigure() -> None:
     session.restore_signal_handlers()
-    repro.forget()
+    evidence.forget()
     # pytest's unraisable-exception cleanup, which runs after this hook, collects garbage five times over; with
     # torch, JAX and a run's Hypothesis data alive each full collection takes 0.6 s (3 s at the end of every
     # worker, measured). One collection here still surfaces whatever cyclic garbage raises when freed; freezing
@@ -571,9 +572,7 @@ def unconfigure() -> None:
 
 def receive_from_worker(node) -> None:
     """The controller merges what a finished xdist worker sent (transport.py) and its coverage counts."""
-    from . import coverage, transport
-
-    from . import shards
+    from attention_conformance.conformance.reporting import coverage, shards, transport
 
     transport.receive_from_worker(node)
     coverage.receive(node)
@@ -582,7 +581,7 @@ def receive_from_worker(node) -> None:
 
 def logreport(report) -> None:
     """Each item's phase reports, on the controller or the only process (pytest_runtest_logreport)."""
-    from . import baseline, shards
+    from attention_conformance.conformance.reporting import baseline, shards
 
     shards.note_duration(report)
     baseline.note_outcome(report)
@@ -592,7 +591,7 @@ def enforce_coverage(pytest_session) -> None:
     """The controller (or the only process) applies the coverage rule (conformance/coverage.py)."""
     if is_xdist_worker(pytest_session.config):
         return
-    from . import coverage
+    from attention_conformance.conformance.reporting import coverage
 
     config = pytest_session.config
     coverage.enforce(pytest_session, implementations(config), session.user_named(config),

@@ -25,15 +25,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_conformance.implementations._arrays import ARRAY_KINDS
-from attention_conformance.implementations._registry import missing_keywords_message
-
-from attention_conformance.conformance import tolerances
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import ImplementationHung, Judge
-from attention_conformance.conformance.plugin import require_device
-from attention_conformance.conformance.strategies import keep_inside_region, sdpa_cases
-from attention_conformance.conformance.test_properties import property_test
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.cases.drawing import keep_inside_region
+from attention_conformance.conformance.cases.sdpa import sdpa_cases
+from attention_conformance.conformance.harness.checks import require_device
+from attention_conformance.conformance.harness.properties import property_test
+from attention_conformance.conformance.judging.containment import ImplementationHung
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import tolerances
+from attention_conformance.implementations.arrays import ARRAY_KINDS
+from attention_conformance.implementations.contract import missing_keywords_message
 
 pytestmark = [pytest.mark.conformance, pytest.mark.op("sdpa")]
 
@@ -112,8 +113,8 @@ class DropoutJudge(Judge):
         b, h, lq, lk = notes["shape"]
         return "\n".join([
             "import numpy as np, ml_dtypes",
-            "from attention_conformance.implementations import load_implementation",
-            "from attention_conformance.implementations._arrays import numpy_dtype",
+            "from attention_conformance.implementations.registry import load_implementation",
+            "from attention_conformance.implementations.arrays import numpy_dtype",
             "from attention_conformance.conformance.test_dropout import call_with_dropout",
             f"impl = load_implementation({self.impl.spec!r})",
             f"dt = numpy_dtype({self.dtype!r})",
@@ -126,7 +127,7 @@ class DropoutJudge(Judge):
         ])
 
 
-def _judge(impl, device, dtype) -> DropoutJudge:
+def judge_for(impl, device, dtype) -> DropoutJudge:
     require_device(impl, device)
     return DropoutJudge(impl, dtype, device)
 
@@ -176,7 +177,7 @@ def _run(judge: DropoutJudge, case: Case, inputs: dict, dropout_p: float, seed: 
 @given(case=sdpa_cases(clauses=("dropout.p-zero",)))
 def test_dropout_p_zero_is_no_dropout(impl, device, dtype, case):
     """dropout_p=0.0 gives sdpa without dropout: the oracle, within the sdpa tolerance."""
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     inputs = case.rounded(dtype)
     got = _run(judge, case, inputs, 0.0, seed=0)
     judge.judge(case, got, inputs, "dropout.p-zero")
@@ -186,7 +187,7 @@ def test_dropout_p_zero_is_no_dropout(impl, device, dtype, case):
 @given(case=uniform_one_hot_cases())
 def test_dropout_scales_kept_weights(impl, device, dtype, case):
     """Every output element is 0 (dropped) or 1 / (Lk (1 - p)) (kept and rescaled), within rounding."""
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     inputs = case.rounded(dtype)
     p, seed = case.notes["dropout_p"], case.notes["seed"]
     got = _run(judge, case, inputs, p, seed)
@@ -220,7 +221,7 @@ def hoeffding_half_width(n: int, false_alarm: float) -> float:
                                   clauses=("dropout.rate",)))
 def test_dropout_rate(impl, device, dtype, case):
     """The dropped fraction of B*H*Lq*Lk weights lies within the Hoeffding bound around dropout_p."""
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     inputs = case.rounded(dtype)
     p, seed = case.notes["dropout_p"], case.notes["seed"]
     got = _run(judge, case, inputs, p, seed)

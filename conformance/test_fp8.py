@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_conformance.conformance.strategies import fp8_cases
-from attention_conformance.conformance.test_properties import check, property_test
-from attention_conformance.conformance.test_variants import needs
-from attention_conformance.implementations._registry import DESCALE_DEFAULTS
+from attention_conformance.conformance.cases.fp8 import fp8_cases
+from attention_conformance.conformance.harness.checks import check, needs_keywords
+from attention_conformance.conformance.harness.properties import property_test
+from attention_conformance.implementations.contract import DESCALE_DEFAULTS
 
 pytestmark = [pytest.mark.conformance, pytest.mark.eight_bit]
 sdpa_op = pytest.mark.op("sdpa")
@@ -24,7 +24,7 @@ sdpa_op = pytest.mark.op("sdpa")
 def needs_descales(*variant_keywords: str):
     """``requires`` of property_test: why ``impl`` cannot run 8-bit cases (the descale keywords, or the variant
     keywords the property uses, missing from its signature; a variant keyword its SUPPORTS leaves out), or None."""
-    return needs(*DESCALE_DEFAULTS, *variant_keywords)
+    return needs_keywords(*DESCALE_DEFAULTS, *variant_keywords)
 
 
 # The whole case space of 8-bit inputs: shapes small and kernel-shaped, causal or not, no mask, a key-padding mask

@@ -14,261 +14,26 @@ per-head backward itself (grad.sdpa-k / grad.sdpa-v).
 """
 from __future__ import annotations
 
-
-import numpy as np
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
-from attention_conformance.conformance import oracle, oracle_backward
-from attention_conformance.conformance.cases import Case, widen
-from attention_conformance.conformance.checks import ImplementationHung, Judge
-from attention_conformance.conformance.gradients import NotDifferentiable, backward_allowed, gradients
-from attention_conformance.conformance.judging import exceeds_allowed
-from attention_conformance.conformance.plugin import require_device
-from attention_conformance.conformance.properties import UNLESS_COMPILED
-from attention_conformance.conformance.report import _own_dtype, array_source
-from attention_conformance.conformance.strategies import DerivedCase, sdpa_cases
-from attention_conformance.conformance.test_properties import property_test
-from attention_conformance.implementations._arrays import ARRAY_KINDS, differentiable_kinds
+from attention_conformance.conformance.cases.drawing import DerivedCase
+from attention_conformance.conformance.cases.gradients import gradient_cases
+from attention_conformance.conformance.harness.checks import gradient_judge_for, without_autodiff
+from attention_conformance.conformance.harness.properties import UNLESS_COMPILED, property_test
+from attention_conformance.conformance.judging.gradient_verdicts import judge_gradients
 
 pytestmark = pytest.mark.conformance
+
+
 sdpa_op = pytest.mark.op("sdpa")
-
-GRAD_CLAUSE = {"dq": "grad.sdpa-q", "dk": "grad.sdpa-k", "dv": "grad.sdpa-v", "dmask": "grad.mask",
-               "dsink": "grad.learnable-sink"}
-INPUT_OF = {"dq": "q", "dk": "k", "dv": "v", "dmask": "mask", "dsink": "learnable_sink"}
-
-
-def _without_autodiff(impl) -> str | None:
-    # Asked at collection, of the adapters registered then (an adapter registered by the module under test counts).
-    if not ARRAY_KINDS[impl.array].DIFFERENTIABLE:
-        kinds = " or ".join(repr(kind) for kind in differentiable_kinds())
-        return f"gradients are checked for ARRAY {kinds}; {impl.name} has ARRAY {impl.array!r}"
-    if not impl.gradients:
-        return f"{impl.name} declares GRADIENTS = False (a forward-only sdpa)"
-    return None
 
 
 # A new shape costs JAX a compile of forward and backward, about 1 s on the CI machine
 # (five times the forward alone): JAX implementations run a tenth of the profile's
 # examples, at least one (property_test).
-gradient_test = property_test(requires=_without_autodiff, covering_set="brief")
+gradient_test = property_test(requires=without_autodiff, covering_set="brief")
 
-
-# ----------------------------------------------------------------- strategies
-@st.composite
-def gradient_cases(draw, *, float_masks_from_bool: bool = False, **sdpa_options) -> Case:
-    """An sdpa case plus an upstream gradient ``d_out`` (standard normal, shape of the output).
-
-    With ``float_masks_from_bool`` a boolean mask becomes an additive float one of the
-    same (broadcast) shape: a random value where it attends, -inf where it does not.
-    """
-    return with_upstream_gradient(draw, draw(sdpa_cases(**sdpa_options)), float_masks_from_bool)
-
-
-def with_upstream_gradient(draw, case: Case, float_masks_from_bool: bool = False) -> Case:
-    """``case`` plus its upstream gradient ``d_out`` (gradient_cases). Rows that the contract leaves without a value
-    of their own take dO = 0: padding rows i >= query_lengths[b] (unspecified) and rows without a key, whose output
-    is the declared FULLY_MASKED_ROWS policy's constant (a learnable sink keeps its rows: they are 0 by definition)."""
-    seed = draw(st.integers(0, 2**32 - 1), label="dO seed")
-    rng = np.random.default_rng([seed, 1])  # a stream of its own, even when seed equals the values seed
-    inputs = dict(case.inputs)
-    kind = case.mask_kind
-    mask = inputs.get("mask")
-    if float_masks_from_bool and mask is not None and mask.dtype == np.bool_:
-        inputs["mask"] = np.where(mask, rng.standard_normal(mask.shape), -np.inf)
-        kind = f"float {kind} {mask.shape}"
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    inputs["d_out"] = rng.standard_normal(q.shape[:-1] + v.shape[-1:])
-    label = case.label.replace(f"mask={case.mask_kind}", f"mask={kind}") + f" dO seed={seed}"
-    variants = oracle.variant_options(inputs)
-    keep = np.broadcast_to(oracle.judged_rows(q, inputs.get("query_lengths"))[..., None], inputs["d_out"].shape)
-    keep = keep & ~oracle.fully_masked_rows(q, k, inputs.get("mask"), bool(inputs.get("is_causal", False)),
-                                            **variants)[..., None]
-    if not keep.all():
-        inputs["d_out"] = np.where(keep, inputs["d_out"], 0.0)
-        label += " (dO 0 on rows without a key or padding)"
-    return Case("sdpa", inputs, case.clauses, label, mask_kind=kind)
-
-
-# ---------------------------------------------------------------- judging
-class GradientJudge(Judge):
-    """A Judge whose repro snippet recomputes the gradients."""
-
-    def _snippet(self, case: Case, inputs: dict, arrays_file: str | None = None) -> str:
-        prelude, source = array_source(arrays_file, self.dtype)
-        lines = [
-            "import numpy as np, ml_dtypes",
-            "from attention_conformance.implementations import load_implementation",
-            "from attention_conformance.conformance import oracle, oracle_backward",
-            "from attention_conformance.conformance.gradients import gradients",
-            *prelude,
-            f"impl = load_implementation({self.impl.spec!r})",
-        ]
-        options = {}
-        for name, value in inputs.items():
-            if isinstance(value, np.ndarray):
-                # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype.
-                lines.append(f"{name} = {source(name, None, value, _own_dtype(name, value, self.dtype))}")
-            else:
-                options[name] = value
-        arrays = [n for n, value in inputs.items() if isinstance(value, np.ndarray) and n != "d_out"]
-        lines.append("inputs = {" + ", ".join(f"{n!r}: {n}" for n in arrays) + "".join(
-            f", {k!r}: {v!r}" for k, v in options.items()) + "}")
-        lines.append(f"got = gradients(impl, inputs, d_out, device={self.device!r})")
-        lines.append("options = (inputs.get('mask'), inputs.get('is_causal', False), inputs.get('scale'))")
-        lines.append("variants = oracle.variant_options(inputs)")
-        lines.append("rows = oracle.judged_rows(q, inputs.get('query_lengths'))[..., None]  # padding rows: not judged")
-        lines.append("print('out max abs error', np.max(np.where(rows, np.abs(got['out'] - oracle.sdpa(q, k, v, "
-                     "*options, **variants)), 0.0)))")
-        lines.append("want = oracle_backward.sdpa_backward(q, k, v, d_out, *options, **variants)")
-        lines.append("for name in want: print(name, 'max abs error', 'none: no gradient reached it' if got.get(name) "
-                     "is None else np.max(np.abs(got[name] - want[name])))")
-        return "\n".join(lines)
-
-    def replay(self, case: Case) -> None:
-        __tracebackhide__ = True
-        judge_gradients(self, case, case.rounded(self.dtype))
-
-
-def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
-    """The implementation's output and gradients; unsupported cases are rejected, failures named."""
-    __tracebackhide__ = True
-    impl = judge.impl
-    judge.require_support(case, inputs, "sdpa")
-    raised = None
-    try:
-        return judge.limited(case, gradients, impl, inputs, inputs["d_out"], judge.device)
-    except ImplementationHung as exc:  # past the call time limit (conformance/checks.py)
-        judge.hung(case, inputs, exc)
-    except NotImplementedError as exc:
-        judge.not_implemented(case, exc)
-    except NotDifferentiable as exc:
-        raised = f"sdpa is not differentiable with {impl.array} autodiff: {exc}"
-    except Exception as exc:  # contained: this case fails, the session goes on
-        raised = f"computing the gradients raised {type(exc).__name__}: {exc}"
-        # The forward alone first: a forward that raises or returns the wrong shape fails its own clause
-        # (sdpa.output-shape: a rank-3 mask read as (B, Lq, Lk) grew the batch, and autograd's "Mismatch in shape"
-        # was filed under grad.sdpa-q).
-        def forward(arrays: dict) -> dict:
-            return {name: value for name, value in arrays.items() if name != "d_out"}
-
-        judge.run(Case(case.op, forward(case.inputs), case.clauses, case.label, mask_kind=case.mask_kind,
-                       notes=case.notes), forward(inputs))  # the very inputs the gradients got
-    judge.fail(case.clauses[0], case, inputs, raised, raised=True)
-
-
-def _expected(inputs: dict, judge: Judge):
-    a = widen(inputs)
-    args = (a["q"], a["k"], a["v"], a["d_out"], a.get("mask"), a.get("is_causal", False), a.get("scale"))
-    variants = oracle.variant_options(a)
-    return (oracle_backward.sdpa_backward(*args, **variants),
-            backward_allowed(*args, judge.dtype, tf32=judge.tf32, **variants))
-
-
-def _worst(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
-    """(error, error / allowed error, index of the worst element). A NaN or inf where the analytic backward is finite
-    is the worst element whatever the allowance (no gradient check passes on one, even where the allowance itself
-    came out NaN or inf)."""
-    error = np.abs(got - want)
-    error = np.where(np.isnan(error), np.inf, error)
-    ratio = np.where(allowed > 0, error / np.where(allowed > 0, allowed, 1.0), np.where(error > 0, np.inf, 0.0))
-    ratio = np.where(~np.isfinite(got) & np.isfinite(want), np.inf, ratio)
-    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-    return error, ratio, worst
-
-
-def gradient_agrees(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
-    """A diagnosis probe: whether the implementation's gradient ``name`` at ``inputs`` (rounded) agrees with the
-    analytic backward; False when it cannot tell (raised, missing, wrong shape). Records nothing."""
-    try:
-        got = judge.limited(case, gradients, judge.impl, inputs, inputs["d_out"], judge.device)
-    except Exception:
-        return False
-    want, allowed = _expected(inputs, judge)
-    if got.get(name) is None or got[name].shape != want[name].shape:
-        return False
-    _, ratio, worst = _worst(got[name], want[name], allowed[name])
-    return bool(ratio[worst] <= 1.0)
-
-
-def _per_head_gradients_agree(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
-    """GQA diagnosis: the gradient ``name`` with the kv heads repeated to Hq (no GQA) agrees with the oracle."""
-    hq = inputs["q"].shape[1]
-    expanded = dict(inputs, k=oracle.repeat_kv_heads(inputs["k"], hq).astype(inputs["k"].dtype),
-                    v=oracle.repeat_kv_heads(inputs["v"], hq).astype(inputs["v"].dtype))
-    return gradient_agrees(judge, case, expanded, name)
-
-
-def gqa_blame(judge: Judge, case: Case, inputs: dict, name: str) -> tuple[str, str]:
-    """(clause, note) for a gradient ``name`` beyond its tolerance: grad.gqa-sum when a grouped-query case's dK / dV
-    agree with the oracle once the kv heads are repeated to Hq (no GQA), else the gradient's own clause."""
-    clause, note = GRAD_CLAUSE[name], ""
-    if name in ("dk", "dv") and inputs["q"].shape[1] > inputs["k"].shape[1]:
-        group = inputs["q"].shape[1] // inputs["k"].shape[1]
-        if _per_head_gradients_agree(judge, case, inputs, name):
-            clause = "grad.gqa-sum"
-            note = (f"; with the kv heads repeated to Hq (no GQA) {name} agrees, so the sum over the "
-                    f"{group} query heads sharing each kv head is wrong")
-        else:
-            note = "; it also disagrees with the kv heads repeated to Hq (no GQA)"
-    return clause, note
-
-
-def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "dv", "dmask", "dsink"),
-                    forward_clause: str = "sdpa.definition", blame=gqa_blame) -> None:
-    """Forward first (``forward_clause``), then each gradient in ``order`` against the analytic backward.
-
-    A NaN or inf where the analytic backward is finite fails the gradient's clause (as a NaN or inf in the
-    forward output fails sdpa.finite, in ``judge``). ``blame(judge, case, inputs, name)`` gives the clause and a note
-    for a gradient beyond its tolerance: by default (gqa_blame) dK / dV failures of a grouped-query case name
-    grad.gqa-sum when the per-head gradients (kv heads repeated to Hq) agree with the oracle. dq of padding rows
-    (i >= query_lengths[b]) is not judged: their output is unspecified. Rows without a key take dO = 0
-    (with_upstream_gradient), so their gradients are zero under "zeros" and "uniform"; a case with a row declared
-    "nan" has only its forward judged.
-    """
-    __tracebackhide__ = True
-    got = _gradients_or_verdict(judge, case, inputs)
-    judge.judge(case, got["out"], inputs, forward_clause)
-    if np.any(judge.declared_policy_rows(case, inputs) & (np.asarray(judge.policy(case, inputs)) == "nan")):
-        return  # a row declared NaN (FULLY_MASKED_ROWS): its NaN reaches dk and dv through dO = 0 as well
-    want, allowed = _expected(inputs, judge)
-    if inputs.get("query_lengths") is not None and got.get("dq") is not None and got["dq"].shape == want["dq"].shape:
-        rows = np.broadcast_to(judge.judged_rows(case, inputs)[..., None], want["dq"].shape)
-        got["dq"] = np.where(rows, got["dq"], want["dq"])
-    for name in [n for n in order if n in want]:
-        clause = GRAD_CLAUSE[name]
-        if got.get(name) is None:
-            judge.fail(clause, case, inputs, f"no gradient reached {INPUT_OF[name]} (its .grad / cotangent is None)")
-        if got[name].shape != want[name].shape:
-            judge.fail(clause, case, inputs, f"d{INPUT_OF[name]} has shape {got[name].shape}, expected "
-                                             f"{want[name].shape} (the shape of {INPUT_OF[name]})")
-        error, ratio, worst = _worst(got[name], want[name], allowed[name])
-        if ratio[worst] > 1.0:
-            clause, note = blame(judge, case, inputs, name)
-            index = tuple(int(i) for i in worst)
-            problem = f"{name} = dL/d{INPUT_OF[name]}: " + exceeds_allowed(
-                error[worst], allowed[name][worst], ratio[worst], f"{judge.dtype} sdpa_backward tolerance",
-                float(error.max())) + note
-            non_finite = ~np.isfinite(got[name]) & np.isfinite(want[name])
-            if non_finite.any():
-                index = tuple(int(i) for i in np.argwhere(non_finite)[0])
-                problem = (f"{name} = dL/d{INPUT_OF[name]}: {int(non_finite.sum())} non-finite element(s) where the "
-                           f"analytic backward is finite{note}")
-            # The record carries the figures, so the report's plot shows the case above its line at 1.
-            record = judge.new_record(case, clause, "failed", max_abs_error=float(error.max()),
-                                      allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))
-            judge.fail(clause, case, inputs, problem,
-                       f"{name} index {index}: got {got[name][index]:.9g}, analytic backward {want[name][index]:.9g}",
-                       record=record)
-        judge.record(case, clause, "passed", max_abs_error=float(error.max()),
-                     allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))
-
-
-def _judge(impl, device, dtype) -> Judge:
-    require_device(impl, device)
-    return GradientJudge(impl, dtype, device)
 
 
 # ----------------------------------------------------------------------- tests
@@ -277,7 +42,7 @@ def _judge(impl, device, dtype) -> Judge:
 @given(case=gradient_cases(gqa=False, clauses=("grad.sdpa-q",)))
 def test_sdpa_gradients(impl, device, dtype, case):
     """dq, dk, dv (and dmask for float masks) over every mask kind, causal flag, scale and magnitude."""
-    judge = _judge(impl, device, dtype)
+    judge = gradient_judge_for(impl, device, dtype)
     judge_gradients(judge, case, case.rounded(dtype))
 
 
@@ -285,7 +50,7 @@ def test_sdpa_gradients(impl, device, dtype, case):
 # the second (Lq > Lk, mask index 1) a key-padding mask: a backward that ran its queries in blocks of 64 and wrote a
 # mask's gradient row shared by every query (query axis 1) per block, the last block's overwriting the others', passed
 # a default run whose gradient corners had at most 7 rows.
-@property_test(requires=_without_autodiff, covering_set="brief", kernel_corners=UNLESS_COMPILED,
+@property_test(requires=without_autodiff, covering_set="brief", kernel_corners=UNLESS_COMPILED,
                derives=(DerivedCase("makes every mask an additive float mask", sets={"mask_kind": "float"}),))
 @sdpa_op
 @given(case=gradient_cases(mask_kinds=("float", "key-padding", "float-large", "bool-2d", "per-head",
@@ -293,7 +58,7 @@ def test_sdpa_gradients(impl, device, dtype, case):
                            clauses=("grad.mask",)))
 def test_float_mask_gradient(impl, device, dtype, case):
     """dL/dmask of an additive mask in every broadcast shape: dS summed over the broadcast axes."""
-    judge = _judge(impl, device, dtype)
+    judge = gradient_judge_for(impl, device, dtype)
     judge_gradients(judge, case, case.rounded(dtype), order=("dmask", "dq", "dk", "dv"))
 
 
@@ -303,5 +68,5 @@ def test_float_mask_gradient(impl, device, dtype, case):
     lambda c: c.inputs["q"].shape[1] > c.inputs["k"].shape[1]))
 def test_gqa_gradient_sum(impl, device, dtype, case):
     """Grouped-query attention: dk and dv sum over the query heads sharing each kv head."""
-    judge = _judge(impl, device, dtype)
+    judge = gradient_judge_for(impl, device, dtype)
     judge_gradients(judge, case, case.rounded(dtype), order=("dk", "dv", "dq", "dmask"))

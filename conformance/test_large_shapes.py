@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle, oracle_blocked
-from attention_conformance.conformance.cases import Case, widen
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.expected import SEQUENCE_OPS
-from attention_conformance.conformance.plugin import require_device
+from attention_conformance.conformance.cases.case import Case, widen
+from attention_conformance.conformance.harness.checks import require_device
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import blocked as oracle_blocked
+from attention_conformance.conformance.reference import oracle
+from attention_conformance.conformance.reference.output_forms import SEQUENCE_OPS
 
 # A float64 NumPy judge at Lk = 16384 plus a slow implementation (a 16-bit type
 # on CPU, say) can take minutes per case; the suite's default of 120 s would cut

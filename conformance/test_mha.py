@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.plugin import require_device
-from attention_conformance.conformance.strategies import SINK_FEATURES, VARIANTS, mha_cases, mha_variant_cases
-from attention_conformance.conformance.test_properties import property_test
-from attention_conformance.implementations._registry import missing_keywords_message
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.cases.mha import mha_cases, mha_variant_cases
+from attention_conformance.conformance.cases.variants import SINK_FEATURES, VARIANTS
+from attention_conformance.conformance.harness.checks import require_device
+from attention_conformance.conformance.harness.properties import property_test
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.implementations.contract import missing_keywords_message
 
 pytestmark = [pytest.mark.conformance, pytest.mark.op("multi_head_attention")]
 
@@ -65,12 +66,12 @@ def test_mha_scale_is_head_width(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-def _heads_split_e(impl) -> str | None:
+def heads_split_e(impl) -> str | None:
     return impl.region.mha_head_width_e_over_h and \
         f"{impl.name} declares mha_head_width 'e_over_h' in SUPPORTS: no head width other than E / H"
 
 
-@property_test(covering_set="brief", requires=_heads_split_e)
+@property_test(covering_set="brief", requires=heads_split_e)
 @given(case=mha_cases(bias=st.just("all"), mask_kinds=("none",), causal=st.just(False), clauses=("mha.head-width-free",),
                       head_width_free=True))
 def test_mha_head_width_not_e_over_h(impl, device, dtype, case):
@@ -107,7 +108,7 @@ def test_mha_fully_masked_rows(impl, device, dtype, case):
 
 def test_mha_shapes_of_the_documents():
     """The printed pipeline shapes of the documents hold for the oracle (fixtures carry them)."""
-    from attention_conformance.conformance.specdata import fixtures
+    from attention_conformance.conformance.cases.fixtures import fixtures
 
     traced = [fx for fx in fixtures() if fx.shapes]
     assert traced, "no fixture records intermediate multi-head shapes"

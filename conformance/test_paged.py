@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_conformance.conformance.strategies import SEQUENCE_VARIANT_NAMES, paged_cases
-from attention_conformance.conformance.test_properties import check, property_test
-from attention_conformance.conformance.test_varlen import needs
+from attention_conformance.conformance.cases.sequences import SEQUENCE_VARIANT_NAMES, paged_cases
+from attention_conformance.conformance.harness.checks import check, needs_op_keywords
+from attention_conformance.conformance.harness.properties import property_test
 
 pytestmark = pytest.mark.conformance
 paged_op = pytest.mark.op("sdpa_paged")
@@ -37,7 +37,7 @@ def test_paged_alignment(impl, device, dtype, case):
 
 
 @property_test(covering_set="brief", op="sdpa_paged",
-               requires=needs("sdpa_paged", *SEQUENCE_VARIANT_NAMES, any_of=True))
+               requires=needs_op_keywords("sdpa_paged", *SEQUENCE_VARIANT_NAMES, any_of=True))
 @paged_op
 @given(case=paged_cases(clauses=("paged.variants",), variants=SEQUENCE_VARIANT_NAMES))
 def test_paged_variants(impl, device, dtype, case):

@@ -9,32 +9,25 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_conformance.conformance import oracle
-from attention_conformance.conformance.cases import Case, widen
-from attention_conformance.conformance import checks
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.plugin import require_device
-from attention_conformance.conformance.properties import property_test
-
-from attention_conformance.conformance.strategies import (MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS, DerivedCase,
-                                                          outlier_channel_cases, sdpa_cases, softmax_cases)
+from attention_conformance.conformance.cases.case import widen
+from attention_conformance.conformance.cases.drawing import DerivedCase
+from attention_conformance.conformance.cases.limits import MAX_KV_HEADS, TILE_EDGE_DIMS, TILE_EDGE_LENGTHS
+from attention_conformance.conformance.cases.sdpa import outlier_channel_cases, sdpa_cases
+from attention_conformance.conformance.cases.softmax import softmax_cases
+from attention_conformance.conformance.harness.checks import check, derived, judge_for, same_outputs
+from attention_conformance.conformance.harness.properties import property_test
+from attention_conformance.conformance.reference import oracle
 
 pytestmark = pytest.mark.conformance
+
+
 sdpa_op = pytest.mark.op("sdpa")
+
+
 softmax_op = pytest.mark.op("softmax")
-
-
-def _judge(impl, device, dtype):
-    require_device(impl, device)
-    return Judge(impl, dtype, device)
-
-
-def check(impl, device, dtype, case: Case):
-    return _judge(impl, device, dtype).check(case)
 
 
 # ------------------------------------------------------------------ agreement
@@ -183,7 +176,7 @@ def test_an_outlier_channel_past_float16s_range_before_the_scale(impl, device, d
     and within the tolerance (strategies.outlier_channel_cases). Filed under sdpa.score-range without attribution: an
     overflowed score is -inf or NaN to the implementation, and a probe without a feature passes by the chance of
     which keys it leaves (a causal case was filed under causal.top-left)."""
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     got, inputs = judge.run(case)
     judge.judge(case, got, inputs, "sdpa.score-range")
 
@@ -196,37 +189,15 @@ def test_cross_attention_and_value_dim(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-# ---------------------------------------------------------------- metamorphic
-def _same(judge: Judge, case: Case, first, second, inputs, clause: str, what: str, allowed=None):
-    """Two outputs that must agree to within twice the allowed error of the case (each may err by it)."""
-    __tracebackhide__ = True
-    if allowed is None:
-        allowed = judge.allowed(case, inputs)
-    allowed = 2 * np.broadcast_to(allowed, first.shape)
-    both_nan = np.isnan(first) & np.isnan(second)
-    error = np.where(both_nan, 0.0, np.abs(first - second))
-    worst = np.unravel_index(int(np.argmax(error - allowed)), error.shape)
-    if error[worst] > allowed[worst]:
-        judge.fail(clause, case, inputs, f"{what}: outputs differ by {error[worst]:.3e} > allowed {allowed[worst]:.3e}",
-                   f"index {tuple(int(i) for i in worst)}: {first[worst]:.9g} vs {second[worst]:.9g}")
-    judge.record(case, clause, "passed", max_abs_error=float(error.max()), allowed=float(allowed[worst]))
-
-
-def _derived(case: Case, label: str, drop=(), **changes) -> Case:
-    """The case with inputs changed (and those named in ``drop`` taken out), labelled for its repro."""
-    inputs = {name: value for name, value in {**case.inputs, **changes}.items() if name not in drop}
-    return Case(case.op, inputs, case.clauses, f"{case.label} [{label}]", case.mask_kind)
-
-
 @property_test
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding", "bool-2d"), clauses=("mask.before-softmax",)))
 def test_masked_weights_sum_to_one(impl, device, dtype, case):
     """With every value row equal to c, each attending row's output is c: the kept weights sum to 1."""
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     v = case.inputs["v"]
     constant = np.broadcast_to(np.linspace(-1.5, 2.0, v.shape[-1]), v.shape).copy()
-    const_case = _derived(case, "v constant per feature", v=constant)
+    const_case = derived(case, "v constant per feature", v=constant)
     got, inputs = judge.run(const_case)
     judge.judge(const_case, got, inputs, "mask.before-softmax")
 
@@ -236,7 +207,7 @@ def test_masked_weights_sum_to_one(impl, device, dtype, case):
 @given(case=sdpa_cases(mask_kinds=("bool-full", "key-padding"), clauses=("mask.before-softmax",)))
 def test_masked_keys_have_no_influence(impl, device, dtype, case):
     """Changing v and k at keys no query may attend leaves the output unchanged."""
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     first, inputs = judge.run(case)
     a = widen(inputs)
     allowed_keys = ~np.isneginf(oracle.attention_bias(a["mask"], a.get("is_causal", False), *a["q"].shape[-2:-1],
@@ -249,9 +220,9 @@ def test_masked_keys_have_no_influence(impl, device, dtype, case):
         return
     v = np.where(dead[..., None], 1e3, case.inputs["v"])
     k = np.where(dead[..., None], -case.inputs["k"] * 3, case.inputs["k"])
-    changed = _derived(case, "dead keys changed", v=v, k=k)
+    changed = derived(case, "dead keys changed", v=v, k=k)
     second, _ = judge.run(changed)
-    _same(judge, case, first, second, inputs, "mask.before-softmax", "values at masked keys leaked into the output")
+    same_outputs(judge, case, first, second, inputs, "mask.before-softmax", "values at masked keys leaked into the output")
 
 
 # A finite "minus infinity" that starts an online softmax's running maximum (-1e4, -65504 in 16-bit-minded kernels)
@@ -261,6 +232,8 @@ def test_masked_keys_have_no_influence(impl, device, dtype, case):
 # fully masked row), in bfloat16 its spacing is 512 (the rounded shift alone moves scores past any allowance), and
 # the 8-bit types do not reach it.
 LARGE_NEGATIVE_SHIFT = -1e5
+
+
 SHIFTS = (LARGE_NEGATIVE_SHIFT, -7.0, 3.0, 50.0)
 
 
@@ -271,17 +244,17 @@ SHIFTS = (LARGE_NEGATIVE_SHIFT, -7.0, 3.0, 50.0)
        shift=st.sampled_from(SHIFTS))
 def test_shift_invariance(impl, device, dtype, case, shift):
     """A float mask that adds the same constant to every score of a row changes nothing."""
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     first, inputs = judge.run(case)
     q = case.inputs["q"]
     if shift == LARGE_NEGATIVE_SHIFT and dtype not in ("float32", "float64"):
         shift = SHIFTS[1]
-    shifted = _derived(case, f"{shift:+g} on every score", mask=np.full(q.shape[:-1] + (1,), shift))
+    shifted = derived(case, f"{shift:+g} on every score", mask=np.full(q.shape[:-1] + (1,), shift))
     second, shifted_inputs = judge.run(shifted)
     # Each output may err by its own case's allowance; the shifted case's includes rounding the shift into
     # every score (u * |shift|), so the two may differ by the sum of both, not twice the first.
     both = (judge.allowed(case, inputs) + judge.allowed(shifted, shifted_inputs)) / 2
-    _same(judge, case, first, second, inputs, "softmax.shift-invariance", f"adding {shift} to every score of a row",
+    same_outputs(judge, case, first, second, inputs, "softmax.shift-invariance", f"adding {shift} to every score of a row",
           allowed=both)
 
 
@@ -290,24 +263,24 @@ def test_shift_invariance(impl, device, dtype, case, shift):
 @given(case=sdpa_cases(mask_kinds=("none", "bool-full", "float"), clauses=("sdpa.key-permutation-invariance",)),
        perm_seed=st.integers(0, 2**16))
 def test_key_permutation(impl, device, dtype, case, perm_seed):
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     if case.inputs.get("is_causal"):
-        case = _derived(case, "no causal", is_causal=False)
+        case = derived(case, "no causal", is_causal=False)
         case.inputs.pop("is_causal")
     first, inputs = judge.run(case)
     perm = np.random.default_rng(perm_seed).permutation(case.inputs["k"].shape[-2])
     changes = {"k": case.inputs["k"][..., perm, :], "v": case.inputs["v"][..., perm, :]}
     if "mask" in case.inputs:
         changes["mask"] = case.inputs["mask"][..., perm]
-    second, _ = judge.run(_derived(case, f"keys permuted {perm.tolist()}", **changes))
-    _same(judge, case, first, second, inputs, "sdpa.key-permutation-invariance", "permuting keys")
+    second, _ = judge.run(derived(case, f"keys permuted {perm.tolist()}", **changes))
+    same_outputs(judge, case, first, second, inputs, "sdpa.key-permutation-invariance", "permuting keys")
 
 
 @property_test(derives=(DerivedCase("runs each batch and head alone", sets={"B": 1, "Hq": 1, "Hkv": 1}),))
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("none", "bool-full", "key-padding"), clauses=("sdpa.batch-head-independence",)))
 def test_batch_and_heads_independent(impl, device, dtype, case):
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     whole, inputs = judge.run(case)
     allowed = np.broadcast_to(judge.allowed(case, inputs), whole.shape)
     q, k, v = (case.inputs[n] for n in "qkv")
@@ -320,8 +293,8 @@ def test_batch_and_heads_independent(impl, device, dtype, case):
             if mask is not None:
                 full = np.broadcast_to(mask, q.shape[:2] + mask.shape[-2:])
                 part["mask"] = full[bi:bi + 1, h:h + 1].copy()
-            alone, _ = judge.run(_derived(case, f"batch {bi} head {h} alone", **part))
-            _same(judge, case, whole[bi:bi + 1, h:h + 1], alone, inputs, "sdpa.batch-head-independence",
+            alone, _ = judge.run(derived(case, f"batch {bi} head {h} alone", **part))
+            same_outputs(judge, case, whole[bi:bi + 1, h:h + 1], alone, inputs, "sdpa.batch-head-independence",
                   f"batch {bi}, head {h} computed alone", allowed[bi:bi + 1, h:h + 1])
 
 
@@ -329,7 +302,7 @@ def test_batch_and_heads_independent(impl, device, dtype, case):
 @sdpa_op
 @given(case=sdpa_cases(allow_empty_rows=False, clauses=("sdpa.convex-combination",)))
 def test_output_within_attended_values(impl, device, dtype, case):
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     got, inputs = judge.run(case)
     a = widen(inputs)
     weights = oracle.attention_weights(a["q"], a["k"], a.get("mask"), a.get("is_causal", False), a.get("scale"))
@@ -350,7 +323,7 @@ def test_output_within_attended_values(impl, device, dtype, case):
 @sdpa_op
 @given(case=sdpa_cases(mask_kinds=("none",), causal=st.just(True), same_lengths=True, clauses=("causal.first-row",)))
 def test_causal_first_row_is_v0(impl, device, dtype, case):
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     got, inputs = judge.run(case)
     v0 = oracle.repeat_kv_heads(widen(inputs)["v"], got.shape[1])[..., 0, :]
     slack = np.broadcast_to(judge.allowed(case, inputs), got.shape)[..., 0, :]
@@ -382,7 +355,7 @@ def test_softmax_default_axis_is_last(impl, device, dtype, case):
 @softmax_op
 @given(case=softmax_cases(clauses=("softmax.rows-sum-to-one",)))
 def test_softmax_rows_sum_to_one(impl, device, dtype, case):
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     got, inputs = judge.run(case)
     axis = case.inputs.get("axis", -1)
     total = got.sum(axis=axis)

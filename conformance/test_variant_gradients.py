@@ -9,28 +9,33 @@ test_gradients.judge_gradients does. A gradient beyond its tolerance is blamed (
 clause (grad.sdpa-q ...) when the case without any of its keywords disagrees too; else on the first keyword that
 alone reproduces it, else on the first whose removal makes it agree (KEYWORD_CLAUSES' order).
 
-Applies to implementations with autodiff (test_gradients._without_autodiff) whose sdpa runs the keywords.
+Applies to implementations with autodiff (test_gradients.without_autodiff) whose sdpa runs the keywords.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_conformance.conformance import oracle
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import unsupported
-from attention_conformance.conformance.covering import CannotBuild, DeterministicDraw
-from attention_conformance.conformance.strategies import (SINK_FEATURES, VARIANTS, _outside_region, _runs_variant,
-                                                          sink_chunk_leftpad_cases)
-from attention_conformance.conformance.test_gradients import (GRAD_CLAUSE, _judge, _without_autodiff, gqa_blame,
-                                                              gradient_agrees, judge_gradients, with_upstream_gradient)
-from attention_conformance.conformance.test_properties import property_test
-from attention_conformance.implementations._registry import VARIANT_DEFAULTS, missing_keywords_message
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.cases.gradients import _without, variant_gradient_cases
+from attention_conformance.conformance.cases.support import unsupported
+from attention_conformance.conformance.harness.checks import gradient_judge_for, without_autodiff
+from attention_conformance.conformance.harness.properties import property_test
+from attention_conformance.conformance.judging.gradient_verdicts import (
+    GRAD_CLAUSE,
+    gqa_blame,
+    gradient_agrees,
+    judge_gradients,
+)
+from attention_conformance.conformance.reference import oracle
+from attention_conformance.implementations.contract import missing_keywords_message
 
 pytestmark = pytest.mark.conformance
+
+
 sdpa_op = pytest.mark.op("sdpa")
+
 
 # The gradient clause of each keyword, in the order the blame tries them: first the keywords that only choose keys
 # or add a constant bias (taking one out adds keys, which hides no other fault), then softcap and the learnable sink,
@@ -41,6 +46,8 @@ KEYWORD_CLAUSES = (("sink_token_length", "grad.variants"), ("attention_chunk", "
                    ("key_leftpad", "grad.variants"), ("alibi_slopes", "grad.variants"), ("window", "grad.variants"),
                    ("key_lengths", "grad.variants"), ("query_offset", "grad.variants"), ("softcap", "grad.softcap"),
                    ("learnable_sink", "grad.learnable-sink"))
+
+
 # The forward clause a variant gradient test judges the output of the same call under.
 FORWARD_CLAUSES = {"grad.softcap": "sdpa.softcap", "grad.learnable-sink": "sdpa.learnable-sink",
                    "grad.variants": "sdpa.variant-order"}
@@ -52,7 +59,7 @@ def differentiable_with(*names: str):
     keywords = ["key_lengths" if name == "lengths" else name for name in names]
 
     def reason(impl):
-        why = _without_autodiff(impl)
+        why = without_autodiff(impl)
         if why or not impl.implements("sdpa"):
             return why
         if any(impl.runs_keyword("sdpa", k) for k in keywords):
@@ -60,51 +67,6 @@ def differentiable_with(*names: str):
         return f"unsupported: {missing_keywords_message(impl.name, 'sdpa', keywords)}"
 
     return reason
-
-
-@st.composite
-def variant_gradient_cases(draw, *, variants, required, clauses, mask_kinds=("none",), causal=st.booleans(),
-                           float_masks_from_bool: bool = False, scale=st.none()) -> Case:
-    """A variant case with an upstream gradient: each of ``variants`` (VARIANTS and SINK_FEATURES names) the
-    implementation runs drawn with probability 1/2, at least one of ``required``; ``scale`` as sdpa_cases'."""
-    runnable = [name for name in variants if _runs_variant(name)]
-    needed = [name for name in runnable if name in required]
-    if not needed:
-        _outside_region(f"sdpa takes none of the variant keywords {', '.join(required)}")
-    chosen = [name for name in runnable if draw(st.booleans(), label=f"uses {name}")]
-    if not set(chosen) & set(needed):
-        chosen.append(draw(st.sampled_from(needed), label="the variant"))
-    case = draw(sink_chunk_leftpad_cases(features=tuple(n for n in SINK_FEATURES if n in chosen),
-                                         variants=tuple(n for n in VARIANTS if n in chosen), clauses=clauses,
-                                         mask_kinds=mask_kinds, causal=causal, scale=scale), label="variant case")
-    softcap = case.inputs.get("softcap")
-    if softcap is not None and softcap > GRADIENT_SOFTCAP_MAX:
-        # The backward of c * tanh(s / c) multiplies the incoming gradient by c: a float16 autodiff chain overflows
-        # past 65504 / |dS| (torch's, for a softcap of 6e4) while the exact gradient is finite, a range limit of
-        # the dtype (as the forward keeps scores below 65504). Models cap at 30 to 50 (Grok, Gemma 2).
-        word = next(w for w in case.label.split(" (")[0].split() if w.startswith("softcap="))
-        case = Case("sdpa", {**case.inputs, "softcap": GRADIENT_SOFTCAP_MAX}, case.clauses,
-                    case.label.replace(word, f"softcap={GRADIENT_SOFTCAP_MAX:g} (drawn {word[8:]}, capped for the "
-                                             f"backward's float16 range)"), case.mask_kind)
-    case = with_upstream_gradient(draw, case, float_masks_from_bool)
-    # A case whose every row lost its keys (a window, lengths and a left padding drawn at their edges together: half
-    # the key-choosing draws) has every gradient 0 and tests nothing of the backward: drawn again.
-    if not np.any(case.inputs["d_out"]):
-        if isinstance(draw, DeterministicDraw):
-            raise CannotBuild("every row of the case is without a key")
-        assume(False)
-    return case
-
-
-GRADIENT_SOFTCAP_MAX = 100.0
-
-
-def _without(case: Case, names) -> Case:
-    dropped = {n: VARIANT_DEFAULTS[n] for n in names}
-    if "key_lengths" in names:
-        dropped["query_lengths"] = None
-    return Case("sdpa", {**case.inputs, **dropped}, case.clauses, f"{case.label} [without {', '.join(names)}]",
-                case.mask_kind)
 
 
 def _agrees(judge, case: Case, name: str) -> bool:
@@ -140,7 +102,7 @@ def variant_blame(judge, case: Case, inputs: dict, name: str) -> tuple[str, str]
 
 
 def check_variant_gradients(impl, device, dtype, case: Case, order=("dq", "dk", "dv", "dmask", "dsink")) -> None:
-    judge = _judge(impl, device, dtype)
+    judge = gradient_judge_for(impl, device, dtype)
     inputs = case.rounded(dtype)
     if "nan" in str(judge.policy(case, inputs)) and judge._fully_masked_rows(case, inputs).any():
         # A row declared NaN (FULLY_MASKED_ROWS) has no gradient the contract could state, even with dO = 0 there.

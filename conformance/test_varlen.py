@@ -13,30 +13,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.strategies import SEQUENCE_VARIANT_NAMES, varlen_cases
-from attention_conformance.conformance.test_properties import _judge, check, property_test
-from attention_conformance.implementations._registry import missing_keywords_message
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.cases.sequences import SEQUENCE_VARIANT_NAMES, varlen_cases
+from attention_conformance.conformance.harness.checks import check, judge_for, needs_op_keywords
+from attention_conformance.conformance.harness.properties import property_test
 
 pytestmark = pytest.mark.conformance
+
+
 varlen_op = pytest.mark.op("sdpa_varlen")
 
-
-def needs(op: str, *keywords: str, any_of: bool = False):
-    """``requires`` of property_test: why ``impl``'s ``op`` cannot run a property using these keywords (all of them,
-    or with ``any_of`` one at least; None: it can)."""
-
-    def reason(impl):
-        if not impl.implements(op):
-            return None  # the op mark reports the operation missing
-        accepted = impl.accepted_keywords(op)
-        runs = [k for k in keywords if (accepted is None or k in accepted) and impl.region.allows_variant(k)]
-        if (any_of and runs) or (not any_of and len(runs) == len(keywords)):
-            return None
-        missing = [k for k in keywords if k not in runs]
-        return f"unsupported: {missing_keywords_message(impl.name, op, missing)} (or SUPPORTS does not declare it)"
-
-    return reason
 
 
 # ----------------------------------------------------------------- against the oracle
@@ -65,7 +51,7 @@ def test_varlen_alignment(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(covering_set="brief", op="sdpa_varlen", requires=needs("sdpa_varlen", "seqused_k"))
+@property_test(covering_set="brief", op="sdpa_varlen", requires=needs_op_keywords("sdpa_varlen", "seqused_k"))
 @varlen_op
 @given(case=varlen_cases(clauses=("varlen.seqused-k",), seqused=st.just(True)))
 def test_varlen_seqused_k(impl, device, dtype, case):
@@ -73,7 +59,7 @@ def test_varlen_seqused_k(impl, device, dtype, case):
 
 
 @property_test(covering_set="brief", op="sdpa_varlen",
-               requires=needs("sdpa_varlen", *SEQUENCE_VARIANT_NAMES, any_of=True))
+               requires=needs_op_keywords("sdpa_varlen", *SEQUENCE_VARIANT_NAMES, any_of=True))
 @varlen_op
 @given(case=varlen_cases(clauses=("varlen.variants",), variants=SEQUENCE_VARIANT_NAMES))
 def test_varlen_variants(impl, device, dtype, case):
@@ -126,7 +112,7 @@ def _exposes_padded_form(impl):
         return None
     if not impl.implements("sdpa"):
         return f"not applicable: {impl.name} exposes no sdpa to compare its packed batches with"
-    return needs("sdpa", *_padded_keywords(impl))(impl)
+    return needs_op_keywords("sdpa", *_padded_keywords(impl))(impl)
 
 
 @property_test(covering_set="brief", op="sdpa_varlen", requires=_exposes_padded_form)
@@ -135,7 +121,7 @@ def _exposes_padded_form(impl):
 def test_varlen_equals_padded_sdpa(impl, device, dtype, case):
     """The packed batch through sdpa_varlen and the same batch padded through sdpa agree row by row, each within
     its own allowance (the packed one is judged against the oracle first)."""
-    judge = _judge(impl, device, dtype)
+    judge = judge_for(impl, device, dtype)
     packed, inputs = judge.check(case)
     padded_case, rows = padded_batch(case, impl.sequence_alignment)
     padded, padded_inputs = judge.run(padded_case)
@@ -156,4 +142,3 @@ def test_varlen_equals_padded_sdpa(impl, device, dtype, case):
                    f"{judge.element(case, inputs, worst)}: packed {packed[worst]:.9g}, padded {as_packed[worst]:.9g}")
     judge.record(case, "varlen.padded-agreement", "passed", max_abs_error=float(np.max(error, initial=0.0)),
                  allowed=float(allowed[worst]) if allowed.size else 0.0)
-

@@ -3,7 +3,7 @@
 Written for Hq = Hkv, it reads k and v at the query head's own index, which jnp.take clamps into
 range when fewer kv heads are passed (JAX's Pallas GPU flash kernel did the same: errors near 0.4),
 and it softmaxes scores scaled by 1/Dk instead of 1/sqrt(Dk). The suite's bound on a failing run
-(issue: "failures end in bounded time") is measured on it: every sdpa property fails, each test within
+(failures end in bounded time) is measured on it: every sdpa property fails, each test within
 its per-test limit, and the default run `pytest conformance --impl examples.jax_gqa_unaware` ends in
 minutes with its summary (README, "Speed").
 """

@@ -12,7 +12,7 @@ import os
 os.environ["KERAS_BACKEND"] = "numpy"  # the backend judged here; keras reads it once, at its first import
 import keras  # noqa: E402
 
-from attention_conformance.implementations import deviations  # noqa: E402
+from attention_conformance.implementations import deviations
 
 LAYOUT = "blhd"
 DTYPES = ("float32", "float16", "bfloat16")

@@ -1,4 +1,6 @@
 import numpy as np
+
+
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None):
     g = q.shape[1] // k.shape[1]; s = q @ np.swapaxes(np.repeat(k, g, 1), -1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
     s = np.where(mask, s, -np.inf) if mask is not None and mask.dtype == bool else s + (0 if mask is None else mask)

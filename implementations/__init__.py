@@ -71,24 +71,10 @@ makes the cases that need it unsupported, never failed; the variant keywords
 (sliding window, softcap, ALiBi, query offset, per-example lengths, attention sinks, chunked
 attention, left padding) are passed only to the cases that use them, to sdpa and to multi_head_attention alike.
 
-The built-ins live one small class per framework in ``builtin.py``; their
-frameworks are imported only when a built-in is first called, so a framework that
-is not installed costs nothing and is reported skipped with its reason.
+Modules, bottom to top: ``contract`` (the names above: operations, keywords, policies, layouts), ``arrays``
+(one adapter per array framework), ``region`` (SUPPORTS), ``deviations`` (ready-made KNOWN_DEVIATIONS),
+``builtin`` (the built-ins, one module per framework and one small class per code path; a framework is
+imported only when a built-in is first called, so one that is not installed costs nothing and is reported
+skipped with its reason) and ``registry`` (``Implementation``, ``load_implementation``: what the suite knows
+about one implementation and how it calls it).
 """
-from __future__ import annotations
-
-from ._registry import (
-    DTYPE_NAMES,
-    Implementation,
-    ImplementationLoadError,
-    builtin_implementations,
-    load_implementation,
-)
-
-__all__ = [
-    "DTYPE_NAMES",
-    "Implementation",
-    "ImplementationLoadError",
-    "builtin_implementations",
-    "load_implementation",
-]

@@ -42,22 +42,26 @@ The conventions, as the libraries write them:
 """
 from __future__ import annotations
 
-from ._registry import FULLY_MASKED_CAUSES
+from attention_conformance.implementations.contract import FULLY_MASKED_CAUSES
 
 # The FULLY_MASKED_ROWS a large finite negative fill gives: every removal averages v (all scores equal), a float
 # mask that is -inf on every key gives NaN (-inf - (-inf)), exactly as in jax.nn.dot_product_attention (measured,
 # jax 0.10.2 CPU: bool, window and key_lengths rows the mean of v, an all -inf bias row NaN).
 LARGE_FINITE_NEGATIVE_ROWS = {cause: ("nan" if cause == "float" else "uniform") for cause in FULLY_MASKED_CAUSES}
 
+
 # The variant keywords that remove keys (README "The contract"): with one of them a row can lose keys to a
 # removal beside its float mask. query_offset moves the causal band; it removes nothing on its own.
 KEY_REMOVING_VARIANTS = ("window", "key_lengths", "attention_chunk", "key_leftpad")
+
 
 # Clauses no precision loss can break: shapes, dtypes, exact zeros of -inf inputs, NaN/inf (a float32 computation
 # of a stable softmax overflows no more than a float64 one), the contract's calls, and the dropout rate (a count).
 STRUCTURAL_CLAUSES = frozenset({
     "sdpa.output-shape", "sdpa.output-dtype", "mha.shapes", "sdpa.finite", "softmax.masked-exact-zero",
     "dropout.rate", "contract.result-type", "contract.inputs-unchanged", "contract.layout"})
+
+
 # How the operations of the spec (spec/clauses.yaml ``binds``) are named in facts["op"]; gradients and dropout are
 # sdpa cases.
 OPERATION_BINDS = {"softmax": ("softmax",), "sdpa": ("sdpa", "sdpa_backward", "dropout"),

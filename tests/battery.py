@@ -13,12 +13,23 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from attention_conformance.conformance import (agreement, checks, properties, test_dropout, test_fixtures, test_fp8,
-                                               test_gradients, test_mha, test_paged, test_properties,
-                                               test_variant_gradients, test_variants, test_varlen)
-from attention_conformance.implementations._arrays import is_eight_bit
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.conformance.specdata import fixtures
+from attention_conformance.conformance import (
+    test_dropout,
+    test_fixtures,
+    test_fp8,
+    test_gradients,
+    test_mha,
+    test_paged,
+    test_properties,
+    test_variant_gradients,
+    test_variants,
+    test_varlen,
+)
+from attention_conformance.conformance.cases.fixtures import fixtures
+from attention_conformance.conformance.harness import properties
+from attention_conformance.conformance.judging import agreement, records
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.implementations.arrays import is_eight_bit
 
 PROPERTY_TESTS = [
     fn
@@ -85,14 +96,14 @@ def run_battery(impl, *, dtypes=("float64", "float32"), max_examples: int = 20, 
     a correct kernel-shaped member in all its dtypes took 50-120 s with the full set.
     The run leaves no trace in the session's conformance records or agreement matrix.
     """
-    kept_records, kept_outputs = list(checks.RECORDS), {k: dict(v) for k, v in agreement._OUTPUTS.items()}
+    kept_records, kept_outputs = list(records.RECORDS), {k: dict(v) for k, v in agreement._OUTPUTS.items()}
     try:
         with properties.brief_covering_everywhere() if brief else contextlib.nullcontext():
             verdicts = _run_battery(impl, dtypes, max_examples, stop_on)
-        verdicts.records = checks.RECORDS[len(kept_records):]
+        verdicts.records = records.RECORDS[len(kept_records):]
         return verdicts
     finally:
-        checks.RECORDS[:] = kept_records
+        records.RECORDS[:] = kept_records
         agreement._OUTPUTS.clear()
         agreement._OUTPUTS.update(kept_outputs)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from attention_conformance.conformance import checks
+from attention_conformance.conformance.judging import records
 
 
 @pytest.fixture(autouse=True)
@@ -12,6 +12,6 @@ def kept_records():
     self-check that forgot it (test_fp8's FP8_OUTPUT_DTYPE check) put a stand-in's failed case into the session's
     summary and report of CI's `pytest conformance tests`, and into the records a later self-check on the same worker
     reads (test_verdicts, once items were ordered by implementation)."""
-    kept = list(checks.RECORDS)
+    kept = list(records.RECORDS)
     yield
-    checks.RECORDS[:] = kept
+    records.RECORDS[:] = kept

@@ -7,8 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import agreement
-from attention_conformance.implementations._arrays import numpy_dtype
+from attention_conformance.conformance.judging import agreement
+from attention_conformance.implementations.arrays import numpy_dtype
 
 pytestmark = pytest.mark.selfcheck
 

@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import environment, plugin, summary, test_gradients
+from attention_conformance.conformance.harness import checks
+from attention_conformance.conformance.reporting import environment
 from attention_conformance.conformance.specdata import ROOT
-from attention_conformance.implementations import _arrays
+from attention_conformance.implementations import arrays as _arrays
 
 pytestmark = pytest.mark.selfcheck
 
@@ -46,7 +47,7 @@ import sys
 import numpy as np
 
 import fakearray
-from attention_conformance.implementations._arrays import ArrayAdapter, register
+from attention_conformance.implementations.arrays import ArrayAdapter, register
 
 
 class FakeArrays(ArrayAdapter):
@@ -124,11 +125,11 @@ class _Toy(_arrays.ArrayAdapter):
 def test_the_other_modules_derive_devices_versions_and_gradients_from_the_adapters(monkeypatch):
     monkeypatch.setitem(_arrays.ARRAY_KINDS, "toy", _Toy())
     assert _arrays.device_names() == ("cpu", "cuda", "npu")
-    assert plugin.array_devices("toy") == ("cpu", "npu") and plugin.array_devices("numpy") == ("cpu",)
+    assert checks.array_devices("toy") == ("cpu", "npu") and checks.array_devices("numpy") == ("cpu",)
     assert _arrays.differentiable_kinds() == ("torch", "jax", "toy")
     toy_impl, numpy_impl = SimpleNamespace(array="toy", gradients=True, name="t"), SimpleNamespace(array="numpy", name="n")
-    assert test_gradients._without_autodiff(toy_impl) is None
-    assert test_gradients._without_autodiff(numpy_impl) == (
+    assert checks.without_autodiff(toy_impl) is None
+    assert checks.without_autodiff(numpy_impl) == (
         "gradients are checked for ARRAY 'torch' or 'jax' or 'toy'; n has ARRAY 'numpy'")
     versions = environment.local_environment()["versions"]
     assert "toy_framework_not_imported" in versions and versions["toy_framework_not_imported"] is None

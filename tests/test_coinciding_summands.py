@@ -12,7 +12,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle, oracle_blocked, tolerances
+from attention_conformance.conformance.reference import blocked as oracle_blocked
+from attention_conformance.conformance.reference import oracle, tolerances
 from zoo import broken_mask_after_softmax
 
 pytestmark = pytest.mark.selfcheck

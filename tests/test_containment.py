@@ -8,13 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import checks, test_dropout, test_fixtures, test_gradients, test_properties
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.report import CaseRecord, ConformanceFailure
-from attention_conformance.conformance.specdata import fixtures
-from attention_conformance.implementations import ImplementationLoadError, load_implementation
-from attention_conformance.implementations._registry import from_object
+from attention_conformance.conformance import test_dropout, test_fixtures, test_gradients, test_properties
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.cases.fixtures import fixtures
+from attention_conformance.conformance.judging import containment, records, verdict
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.records import CaseRecord
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.implementations.registry import ImplementationLoadError, from_object, load_implementation
 
 pytestmark = pytest.mark.selfcheck
 
@@ -23,7 +24,7 @@ LIMIT_S = 0.5  # the call time limit of these checks
 
 @pytest.fixture
 def short_limit(monkeypatch, kept_records):
-    monkeypatch.setenv(checks.CALL_TIMEOUT_VARIABLE, str(LIMIT_S))
+    monkeypatch.setenv(containment.CALL_TIMEOUT_VARIABLE, str(LIMIT_S))
 
 
 def sdpa_case(clauses=("sdpa.definition",), lq=3, lk=5, dk=4, dv=2, hq=1, hkv=1, label=None, seed=7, **options):
@@ -41,13 +42,13 @@ def failure(judge: Judge, case: Case) -> ConformanceFailure:
 
 # ------------------------------------------------------------------------------ hangs
 def test_the_call_time_limit_default_and_setting(monkeypatch):
-    monkeypatch.delenv(checks.CALL_TIMEOUT_VARIABLE, raising=False)
-    assert checks.call_timeout_s() == checks.DEFAULT_CALL_TIMEOUT_S == 30.0
-    monkeypatch.setenv(checks.CALL_TIMEOUT_VARIABLE, "2.5")
-    assert checks.call_timeout_s() == 2.5
+    monkeypatch.delenv(containment.CALL_TIMEOUT_VARIABLE, raising=False)
+    assert containment.call_timeout_s() == containment.DEFAULT_CALL_TIMEOUT_S == 30.0
+    monkeypatch.setenv(containment.CALL_TIMEOUT_VARIABLE, "2.5")
+    assert containment.call_timeout_s() == 2.5
     for off in ("0", "off"):
-        monkeypatch.setenv(checks.CALL_TIMEOUT_VARIABLE, off)
-        assert checks.call_timeout_s() is None
+        monkeypatch.setenv(containment.CALL_TIMEOUT_VARIABLE, off)
+        assert containment.call_timeout_s() is None
 
 
 def test_a_hang_fails_its_case_and_later_calls_fail_at_once(short_limit):
@@ -74,7 +75,7 @@ class _SlowFirstCall:
 
     @classmethod
     def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
-        from attention_conformance.conformance import oracle
+        from attention_conformance.conformance.reference import oracle
 
         cls.calls.append(q.shape)
         if len(cls.calls) == 1:
@@ -85,7 +86,6 @@ class _SlowFirstCall:
 def test_a_slow_call_that_returns_ends_the_hang_at_the_next_test(short_limit, monkeypatch):
     """Only the slow case fails: its own test keeps the verdict (Hypothesis's replays see the same hang), a later
     test finds the call returned and calls again; a call that never returns keeps failing later tests at once."""
-    from attention_conformance.conformance import containment
 
     running = {"test": "test A"}
     monkeypatch.setattr(containment, "running_test", lambda: running["test"])
@@ -120,7 +120,7 @@ class _OracleSdpa:
 
     @classmethod
     def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None):
-        from attention_conformance.conformance import oracle
+        from attention_conformance.conformance.reference import oracle
 
         cls.during_call()
         return oracle.sdpa(q, k, v, mask, is_causal, scale)
@@ -175,7 +175,7 @@ def test_a_property_does_not_shrink_into_a_hang(short_limit):
     """Hypothesis re-runs a failing example to shrink it: every re-run must fail at once."""
     impl = load_implementation("examples.hanging_attention")
     started = time.monotonic()
-    with pytest.raises((ConformanceFailure, checks.HungEarlier)) as raised:
+    with pytest.raises((ConformanceFailure, containment.HungEarlier)) as raised:
         test_properties.test_sdpa_matches_oracle(impl=impl, device="cpu", dtype="float64")
     elapsed = time.monotonic() - started
     assert "hung" in str(raised.value) and impl.hung_on is not None
@@ -184,7 +184,7 @@ def test_a_property_does_not_shrink_into_a_hang(short_limit):
     # corner of the covering set, run outside Hypothesis, where the verdict is a plain failure (nothing shrinks
     # it); inside Hypothesis it is a HungEarlier.
     started = time.monotonic()
-    with pytest.raises((ConformanceFailure, checks.HungEarlier), match="hung earlier on case"):
+    with pytest.raises((ConformanceFailure, containment.HungEarlier), match="hung earlier on case"):
         test_properties.test_key_permutation(impl=impl, device="cpu", dtype="float64")
     assert time.monotonic() - started < 2
 
@@ -217,7 +217,7 @@ class HangingDropout:
 def test_a_hang_in_the_dropout_tests_is_cut(short_limit):
     impl = from_object(HangingDropout, "hanging_dropout", "tests.test_containment:HangingDropout")
     started = time.monotonic()
-    with pytest.raises((ConformanceFailure, checks.HungEarlier)) as raised:
+    with pytest.raises((ConformanceFailure, containment.HungEarlier)) as raised:
         test_dropout.test_dropout_p_zero_is_no_dropout(impl=impl, device="cpu", dtype="float64")
     assert "hung" in str(raised.value) and time.monotonic() - started < LIMIT_S + 20
 
@@ -236,7 +236,7 @@ def test_a_hang_in_the_gradient_tests_is_cut(short_limit):
     pytest.importorskip("torch")
     impl = from_object(HangingTorch, "hanging_torch", "tests.test_containment:HangingTorch")
     started = time.monotonic()
-    with pytest.raises((ConformanceFailure, checks.HungEarlier)) as raised:
+    with pytest.raises((ConformanceFailure, containment.HungEarlier)) as raised:
         test_gradients.test_sdpa_gradients(impl=impl, device="cpu", dtype="float64")
     assert "hung" in str(raised.value) and time.monotonic() - started < LIMIT_S + 20
 
@@ -368,7 +368,7 @@ def test_breaks_lead_with_the_clause_failed_on_the_smallest_case():
     records = [rec("sdpa.definition", (2, 2, 8, 8)), rec("causal.top-left", (1, 1, 2, 2)),
                rec("causal.top-left", (1, 1, 4, 4)), rec("mask.broadcast", (1, 1, 1, 1), status="passed"),
                rec("softmax.large-inputs", (1, 1, 3, 3))]
-    assert checks.breaks_order(records) == {"impl": ["causal.top-left", "softmax.large-inputs", "sdpa.definition"]}
+    assert verdict.breaks_order(records) == {"impl": ["causal.top-left", "softmax.large-inputs", "sdpa.definition"]}
 
 
 # ------------------------------------------------------------ non-finite results (sdpa.finite)
@@ -405,7 +405,7 @@ def test_a_declared_sdpa_finite_deviation_still_applies_at_the_call(kept_records
     judge = Judge(from_object(NaNWhenCausalDeclared, "declared", "x:NaNWhenCausalDeclared"), "float64", "cpu")
     with pytest.raises(pytest.xfail.Exception, match="declared deviation: sdpa.finite: NaN under is_causal"):
         judge.run(sdpa_case(is_causal=True))
-    assert checks.RECORDS[-1].status == "deviation" and checks.RECORDS[-1].clause == "sdpa.finite"
+    assert records.RECORDS[-1].status == "deviation" and records.RECORDS[-1].clause == "sdpa.finite"
 
 
 def test_large_inputs_name_their_clause_at_the_call(kept_records):
@@ -444,7 +444,7 @@ def test_nan_where_the_contract_leaves_the_value_open_passes(kept_records):
     class NaNPadding:
         @staticmethod
         def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, query_lengths=None, key_lengths=None):
-            from attention_conformance.conformance import oracle
+            from attention_conformance.conformance.reference import oracle
 
             out = oracle.sdpa(q, k, v, mask, is_causal, scale, query_lengths=query_lengths, key_lengths=key_lengths)
             return np.where(oracle.judged_rows(q, query_lengths)[..., None], out, np.nan).astype(q.dtype)
@@ -515,7 +515,7 @@ def test_a_declared_compiler_refusal_is_unsupported_and_an_undeclared_one_fails(
     unsupported, with the refusal as its reason), in the call and in its gradients; the same error undeclared, or
     another error, fails the case."""
     pytest.importorskip("torch")
-    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+    from attention_conformance.conformance.judging.gradient_verdicts import GradientJudge, judge_gradients
 
     case = sdpa_case(("grad.sdpa-q",))
     case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 1, 3, 2))
@@ -526,7 +526,7 @@ def test_a_declared_compiler_refusal_is_unsupported_and_an_undeclared_one_fails(
 
     with pytest.raises(pytest.skip.Exception, match="refusing_torch refused the program .*out of resource"):
         verdict(("out of resource",))
-    assert checks.RECORDS[-1].status == "unsupported" and "246784" in checks.RECORDS[-1].message
+    assert records.RECORDS[-1].status == "unsupported" and "246784" in records.RECORDS[-1].message
     for refusals in ((), ("RESOURCE_EXHAUSTED",)):
         with pytest.raises(ConformanceFailure, match="out of resource"):
             verdict(refusals)
@@ -580,7 +580,7 @@ def test_a_resource_error_in_the_gradients_is_not_attributed_either(kept_records
     """The gradient tests' raised path (judging.fail with raised=True): the H100's flex at Dk 256, whose grouped case
     ran out of memory forward and backward, was filed under sdpa.gqa-mapping from a check of grad.gqa-sum."""
     torch = pytest.importorskip("torch")
-    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+    from attention_conformance.conformance.judging.gradient_verdicts import GradientJudge, judge_gradients
 
     class GroupedOutOfMemory:
         ARRAY = "torch"
@@ -602,10 +602,10 @@ def test_a_resource_error_in_the_gradients_is_not_attributed_either(kept_records
 
 
 def test_a_forward_of_the_wrong_shape_fails_its_shape_clause_in_the_gradient_tests(kept_records):
-    """A held-out torch sdpa read a rank-3 mask as (B, Lq, Lk) and grew the batch: the gradient tests filed autograd's
-    "Mismatch in shape" under grad.sdpa-q. The forward alone is called when the gradients raise."""
+    """An independent torch sdpa read a rank-3 mask as (B, Lq, Lk) and grew the batch: the gradient tests filed
+    autograd's "Mismatch in shape" under grad.sdpa-q. The forward alone is called when the gradients raise."""
     torch = pytest.importorskip("torch")
-    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+    from attention_conformance.conformance.judging.gradient_verdicts import GradientJudge, judge_gradients
 
     class BatchGrows:
         ARRAY = "torch"

@@ -5,11 +5,17 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from attention_conformance.conformance import checks, covering, oracle, properties, test_properties
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.conformance.strategies import MASK_KINDS, _mask_class, drawing_inside, sdpa_cases
-from attention_conformance.implementations import load_implementation
-from attention_conformance.implementations._region import EVERYTHING, parse_region
+from attention_conformance.conformance import test_properties
+from attention_conformance.conformance.cases import covering, sequences, variants
+from attention_conformance.conformance.cases.drawing import drawing_inside, mask_class
+from attention_conformance.conformance.cases.limits import MASK_KINDS
+from attention_conformance.conformance.cases.sdpa import sdpa_cases
+from attention_conformance.conformance.harness import properties
+from attention_conformance.conformance.judging import records
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.reference import oracle
+from attention_conformance.implementations.region import EVERYTHING, parse_region
+from attention_conformance.implementations.registry import load_implementation
 
 pytestmark = pytest.mark.selfcheck
 
@@ -51,7 +57,7 @@ def test_every_corner_lies_inside_the_region(name):
     cases = corner_cases(region, sdpa_cases(allow_empty_rows=True, mask_kinds=EVERY_MASK_KIND))
     causal_only = sum(corner.get("causal_only", False) for corner in covering.CORNERS)
     # A mask-only corner is not built where the region takes no mask of its kind.
-    mask_only = sum(corner.get("mask_only", False) and _mask_class(corner["mask_kind"]) not in region.masks
+    mask_only = sum(corner.get("mask_only", False) and mask_class(corner["mask_kind"]) not in region.masks
                     for corner in covering.CORNERS)
     assert len(cases) == len(covering.CORNERS) - (0 if region.causal else causal_only) - mask_only
     for case in cases:
@@ -97,9 +103,9 @@ def test_each_mask_kind_of_a_property_is_met():
 def test_kernel_corners_cross_a_block_with_the_propertys_own_widths():
     """The tile property's corners (kernel_corners) are kernel-shaped for an implementation that takes the small
     shapes too: a causal Lq = Lk past a block of 64 with a tail of many keys among them (row 64 attends key 64 and
-    not 65: a held-out kernel whose partial last tile compared tile-local key offsets with the row was exact at 65),
-    head dims its own."""
-    from attention_conformance.conformance.strategies import TILE_EDGE_DIMS, TILE_EDGE_LENGTHS
+    not 65: an independent kernel whose partial last tile compared tile-local key offsets with the row was exact at
+    65), head dims its own."""
+    from attention_conformance.conformance.cases.limits import TILE_EDGE_DIMS, TILE_EDGE_LENGTHS
 
     strategy = sdpa_cases(lengths=TILE_EDGE_LENGTHS, dims=TILE_EDGE_DIMS)
     small = corner_cases(EVERYTHING, strategy)
@@ -126,7 +132,7 @@ def test_the_decode_propertys_corners_reach_past_4096_keys(region):
 
 def test_the_softmax_properties_first_corners_are_rows_past_1024():
     """A softmax whose rows past 1024 take a chunked path (its running sum not rescaled) passed rows of at most 300."""
-    from attention_conformance.conformance.strategies import SOFTMAX_CORNER_ROWS, softmax_cases
+    from attention_conformance.conformance.cases.softmax import SOFTMAX_CORNER_ROWS, softmax_cases
 
     cases = corner_cases(EVERYTHING, softmax_cases())
     axes = [(c.inputs["x"].shape[c.inputs.get("axis", -1)], c.inputs["x"].size) for c in cases[:2]]
@@ -191,11 +197,11 @@ def test_shrinking_stops_at_its_time_limit_and_keeps_one_failed_record(monkeypat
     monkeypatch.setattr(properties, "SHRINK_BUDGET_S", 0.0)
     monkeypatch.setattr(covering, "CORNERS", ())  # no corners: the failure is met by a random draw, then shrunk
     impl = load_implementation("zoo.broken_sdpa_no_scale")
-    start = len(checks.RECORDS)
+    start = len(records.RECORDS)
     with pytest.raises(properties.ShrinkingStopped) as stopped:
         test_properties.test_default_scale(impl=impl, device="cpu", dtype="float64")
     assert "[sdpa.scale-default]" in str(stopped.value) and "SHRINK_BUDGET_S" in str(stopped.value)
-    failed = [r for r in checks.RECORDS[start:] if r.status == "failed"]
+    failed = [r for r in records.RECORDS[start:] if r.status == "failed"]
     assert len(failed) == 1
 
 
@@ -230,7 +236,7 @@ def test_a_compiling_implementations_brief_corners_reach_groups_batches_scales_a
 def test_multi_head_attention_corners_take_the_corners_batch_lengths_and_mask():
     """mha_cases ignored the corners: every MHA corner was Hypothesis's simplest case (batch 1, one query, one key, no
     mask), and an MHA float mask added before the scale passed every run of a compiling implementation."""
-    from attention_conformance.conformance.strategies import mha_cases
+    from attention_conformance.conformance.cases.mha import mha_cases
 
     built = corner_cases(EVERYTHING, mha_cases(), with_hints=True)
     cases = [case for _, case in built]
@@ -252,11 +258,11 @@ def test_the_decode_propertys_large_score_corner_has_a_long_cache():
 def test_the_variant_properties_take_kernel_corners_unless_the_implementation_compiles():
     """test_window, test_softcap, test_alibi, the query-offset tests, test_varlen and test_learnable_sink
     (kernel_corners=UNLESS_COMPILED): kernel-shaped corners, past a key block of 64, for an implementation that takes
-    the small shapes and calls cheaply (held-out tiled kernels that skipped the softcap on whole key blocks, added the
-    sink once per block, or cut a window's last key block passed with small corners); for a compiling implementation
-    the first alone, past a query block (a held-out Pallas kernel whose causal key-block bound floored query_offset
-    to its block of 16 passed every run on small corners), the others small, each kernel-shaped corner another
-    compile."""
+    the small shapes and calls cheaply (independent tiled kernels that skipped the softcap on whole key blocks, added
+    the sink once per block, or cut a window's last key block passed with small corners); for a compiling
+    implementation the first alone, past a query block (an independent Pallas kernel whose causal key-block bound
+    floored query_offset to its block of 16 passed every run on small corners), the others small, each kernel-shaped
+    corner another compile."""
     from attention_conformance.conformance import test_variants
 
     kernel = properties.covering_corners(_Cheap(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
@@ -274,11 +280,11 @@ def test_the_variant_properties_take_kernel_corners_unless_the_implementation_co
 @pytest.mark.parametrize("implementation, region", [(_Cheap(), EVERYTHING), (_Compiling(), FLASH)],
                          ids=["cheap", "compiling-kernel-region"])
 def test_the_variant_kernel_corners_reach_a_second_query_block_and_split_kv_decode(implementation, region):
-    """Held-out tiled kernels (query blocks of 128 rows) that measured ALiBi from the row inside its block, masked key
-    lengths in the last key block only, or forgot the sink in split-KV decode passed corners of at most 65 rows and a
-    brief set without decode: the variant properties' kernel corners have a query past row 128 (Lq > Lk and Lq = Lk)
-    and, for an implementation that does not compile, Lq 1 against more than 128 keys. A compiling implementation
-    whose region holds only kernel shapes gets the longer lengths at no further compile."""
+    """Independent tiled kernels (query blocks of 128 rows) that measured ALiBi from the row inside its block, masked
+    key lengths in the last key block only, or forgot the sink in split-KV decode passed corners of at most 65 rows
+    and a brief set without decode: the variant properties' kernel corners have a query past row 128 (Lq > Lk and
+    Lq = Lk) and, for an implementation that does not compile, Lq 1 against more than 128 keys. A compiling
+    implementation whose region holds only kernel shapes gets the longer lengths at no further compile."""
     corners = properties.covering_corners(implementation, region, "brief", properties.UNLESS_COMPILED)
     assert any(hints["lengths"][0] > 128 for hints in corners)
     assert all(hints["Dk"] <= covering.PAST_QUERY_BLOCK_MAX_DK for hints in corners)
@@ -313,20 +319,19 @@ def test_a_corner_runs_a_long_query_against_few_keys(name):
 def test_a_covering_corners_learnable_sink_changes_its_rows():
     """The "below" sink form leaves every row as it is; a covering corner that drew it tested nothing of the sink
     (a split-KV decode path that forgot the sink passed a run whose decode corner had drawn it)."""
-    from attention_conformance.conformance import strategies
 
-    strategy = strategies.sink_chunk_leftpad_cases(features=("learnable_sink",), mask_kinds=("none",))
+    strategy = variants.sink_chunk_leftpad_cases(features=("learnable_sink",), mask_kinds=("none",))
     cases = corner_cases(EVERYTHING, strategy, small=False)
     assert len(cases) >= 4
     assert all("sink=below" not in case.label for case in cases)
-    assert "below" in strategies.SINK_FORMS  # random draws still take it
+    assert "below" in variants.SINK_FORMS  # random draws still take it
 
 
 def test_the_non_causal_corners_window_has_a_left_side_past_every_key_and_a_right_edge_that_removes_keys():
     """A kernel that ran full attention where a window's left side passed every query position without is_causal
     (libflash_attn PR 11) was caught by one random decode case per run: the non-causal corner every brief set holds
     now takes (past, 0), where only the right edge removes keys."""
-    from attention_conformance.conformance.strategies import variant_cases
+    from attention_conformance.conformance.cases.variants import variant_cases
 
     strategy = variant_cases(variants=("window", "query_offset"), clauses=("sdpa.window",))
     case = corner_cases(EVERYTHING, strategy)[2]
@@ -342,22 +347,21 @@ def test_the_non_causal_corners_window_has_a_left_side_past_every_key_and_a_righ
 def test_the_non_causal_sequence_corner_has_queries_past_every_key_and_a_left_only_window(op):
     """FlashAttention gives a bounded left side with an unbounded right the right edge seqlen_k (the batch's longest
     sequence of keys; the block table's pages times their size, paged): wrong for a sequence with two more queries
-    than that, whose first rows sit before its keys (flash-attention issue 895). Random windows met it in some runs
-    (a held-out kernel doing so passed 4 of 9): the non-causal brief corner of sdpa_varlen and sdpa_paged has such a
+    than that, whose first rows sit before its keys (flash-attention issue #895). Random windows met it in some runs
+    (an independent kernel doing so passed 4 of 9): the non-causal brief corner of sdpa_varlen and sdpa_paged has such a
     sequence and the window (1, None), and that edge removes keys there."""
-    from attention_conformance.conformance import strategies
 
-    strategy = (strategies.varlen_cases if op == "sdpa_varlen" else strategies.paged_cases)(
+    strategy = (sequences.varlen_cases if op == "sdpa_varlen" else sequences.paged_cases)(
         variants=("window",), clauses=("varlen.variants",))
     case = corner_cases(EVERYTHING, strategy)[2]
-    assert not case.inputs.get("is_causal") and case.inputs["window"] == strategies.SEQUENCE_CORNER_WINDOW
-    sequences = oracle.sequence_cases(op, case.inputs)
+    assert not case.inputs.get("is_causal") and case.inputs["window"] == sequences.SEQUENCE_CORNER_WINDOW
+    per_sequence = oracle.sequence_cases(op, case.inputs)
     if op == "sdpa_varlen":
-        reach = max(one["k"].shape[2] for one in sequences)
+        reach = max(one["k"].shape[2] for one in per_sequence)
     else:
         table = case.inputs["block_table"]
         reach = table.shape[1] * case.inputs["k_cache"].shape[1]
-    lq, lk = max((one["q"].shape[2], one["k"].shape[2]) for one in sequences)
+    lq, lk = max((one["q"].shape[2], one["k"].shape[2]) for one in per_sequence)
     assert lq >= reach + 2
     kept = oracle.positions_allowed(lq, lk, False, (1, None), lk - lq)[0, 0]
     clamped = oracle.positions_allowed(lq, lk, False, (1, reach), lk - lq)[0, 0]
@@ -369,7 +373,7 @@ def test_every_kernel_corner_past_a_query_block_is_built_with_its_lengths_and_ba
     """The batch-2 corners past a query block (4 heads, 129 x 192) passed the score budget that sdpa_cases counts
     with the batch, so they drew their lengths instead: Hypothesis's simplest, Lq 1 and Lk 1, for every variant
     property of a non-compiling implementation. A corner fits the budget with its batch, and is built as hinted."""
-    from attention_conformance.conformance.strategies import variant_cases
+    from attention_conformance.conformance.cases.variants import variant_cases
 
     region = REGIONS[name]
     strategy = variant_cases(variants=("window",), clauses=("sdpa.window",), mask_kinds=("none", "key-padding",
@@ -404,7 +408,7 @@ def test_a_kernel_regions_q_lt_k_corner_has_queries_a_whole_block_and_keys_one_p
 def test_an_outlier_channel_case_passes_float16s_range_unscaled_and_not_scaled():
     """sdpa.score-range: in float16 the unscaled q.k of an outlier channel passes 65504 and the scaled score does
     not; an implementation that rounds q @ k^T before its scale (zoo broken_scores_unscaled_in_float16) overflows."""
-    from attention_conformance.conformance.strategies import outlier_channel_cases
+    from attention_conformance.conformance.cases.sdpa import outlier_channel_cases
 
     for index in range(4):
         with drawing_inside(EVERYTHING):
@@ -419,7 +423,7 @@ def test_an_outlier_channel_case_of_a_kernel_region_stays_inside_float16(head_di
     """A kernel-shaped case takes its region's head dims, not the property's (the GPU run's cuDNN case had Dk 8:
     scaled scores up to 3.5e4, a row spanning 6.9e4). Below Dk 4 the product shrinks: at Dk 2 the full one would put
     the scaled score at 6.9e4, past float16's range, a case no float16 implementation could pass."""
-    from attention_conformance.conformance.strategies import OUTLIER_SCALED_SCORE, outlier_channel_cases
+    from attention_conformance.conformance.cases.sdpa import OUTLIER_SCALED_SCORE, outlier_channel_cases
 
     region = parse_region({"head_dims": head_dims, "value_head_dim": "same"})
     for index in range(3):

@@ -13,7 +13,8 @@ import warnings
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle, tolerances
+from attention_conformance.conformance.reference import oracle, tolerances
+from attention_conformance.implementations.builtin import torch_backend, torch_cuda
 
 pytestmark = pytest.mark.selfcheck
 
@@ -56,7 +57,7 @@ def assert_within_float32_allowance(got, q, k, v, mask, is_causal, scale):
 def test_flex_adapter_maps_the_contract_onto_mask_mod_and_score_mod(monkeypatch, shape, mask, is_causal, scale):
     torch = pytest.importorskip("torch")
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    from attention_conformance.implementations.builtin import TorchFlexAttention
+    from attention_conformance.implementations.builtin.torch_flex import TorchFlexAttention
 
     monkeypatch.setattr(TorchFlexAttention, "_compiled", flex.flex_attention)  # eager: runs on the CPU
     q, k, v, m = make_case(*shape, mask=mask)
@@ -82,7 +83,7 @@ def test_pallas_adapter_repeats_kv_heads_and_traces_causal_without_x64(monkeypat
     _pallas_in_interpret_mode(monkeypatch)
     import jax
 
-    from attention_conformance.implementations.builtin import JaxPallasFlashAttention
+    from attention_conformance.implementations.builtin.jax_backend import JaxPallasFlashAttention
 
     q, k, v, _ = make_case(1, hq, hkv, 128, 128, 16, 16)
     # The suite turns x64 on for float64 cases only (README, "JAX and float64"), but a user's process may run with it
@@ -99,7 +100,7 @@ def test_pallas_backward_refusal_of_unequal_block_counts_is_unsupported(monkeypa
     _pallas_in_interpret_mode(monkeypatch)
     import jax
 
-    from attention_conformance.implementations.builtin import JaxPallasFlashAttention
+    from attention_conformance.implementations.builtin.jax_backend import JaxPallasFlashAttention
 
     q, k, v, _ = make_case(1, 1, 1, 128, 256, 16, 16)
     with pytest.raises(NotImplementedError, match="same number of blocks"):
@@ -114,8 +115,8 @@ def test_pallas_declares_its_causal_lengths_tf32_and_triton_s_shared_memory_refu
     read garbage there; interpret mode's out-of-bounds reads differ, so only the GPU shows it): outside the declared
     region, never drawn. Its float32 dots are TF32 on a GPU: declared. Triton's shared-memory refusal is declared
     in REFUSALS (a case meeting it is unsupported: tests/test_containment.py)."""
-    from attention_conformance.implementations import load_implementation
-    from attention_conformance.implementations._region import shape_facts
+    from attention_conformance.implementations.region import shape_facts
+    from attention_conformance.implementations.registry import load_implementation
 
     impl = load_implementation("builtin:jax_pallas_flash")
     q, k, v, _ = make_case(1, 2, 2, 256, 128, 16, 16)
@@ -138,7 +139,7 @@ def test_flex_on_cuda_leaves_float32_head_dims_above_64_out_and_its_cpu_twin_kee
     """Compiling flex's float32 kernel at Dk 192 and 256 ran past 120 s on an H200 (two tests failed as hangs, 80
     cases after them failed without a call), and in the next run at Dk 112, Dv 80 past 92 s: outside torch_flex's
     region in float32 only, and only on cuda."""
-    from attention_conformance.implementations import load_implementation
+    from attention_conformance.implementations.registry import load_implementation
 
     facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 65, "Lk": 65, "Dk": 128, "Dv": 128, "mask_kind": "bool",
              "is_causal": False, "scale": None, "variants": (), "device": "cuda", "dtype": "float32"}
@@ -157,7 +158,7 @@ def test_flex_compiled_takes_a_new_softcap_without_recompiling_into_an_error(mon
     (inductor's C++ template): three softcaps in a row, each within the float32 allowance of the oracle."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("torch.nn.attention.flex_attention")
-    from attention_conformance.implementations.builtin import TorchFlexAttention
+    from attention_conformance.implementations.builtin.torch_flex import TorchFlexAttention
 
     monkeypatch.setattr(TorchFlexAttention, "_compiled", None)  # a fresh torch.compile, given back afterwards
     for name in ("recompile_limit", "accumulated_recompile_limit"):  # which TorchFlexAttention._flex raises
@@ -176,7 +177,7 @@ def test_a_pinned_torch_kernel_refusal_is_unsupported_with_torch_s_own_reason():
     in the H200 run): the case is unsupported with the first specific reason, and no warning escapes. On a CPU,
     FLASH_ATTENTION is torch's CPU flash kernel, which refuses Dv != Dk the same way."""
     torch = pytest.importorskip("torch")
-    from attention_conformance.implementations.builtin import TorchFlashAttention
+    from attention_conformance.implementations.builtin.torch_cuda import TorchFlashAttention
 
     q, k, v, _ = make_case(1, 2, 2, 5, 7, 16, 8)
     with warnings.catch_warnings(record=True) as escaped:
@@ -192,7 +193,7 @@ def test_the_cudnn_kernel_gets_a_rank_3_mask_as_4_d_and_declares_one_key_out(mon
     shapes: 2d ... 4d") and every case with one key (694): the adapter hands a rank-3 mask over as its 4-D view, which
     broadcasts the same, and the region leaves Lk 1 out (Lq 1 ran)."""
     torch = pytest.importorskip("torch")
-    from attention_conformance.implementations import builtin, load_implementation
+    from attention_conformance.implementations.registry import load_implementation
 
     handed = {}
 
@@ -200,12 +201,12 @@ def test_the_cudnn_kernel_gets_a_rank_3_mask_as_4_d_and_declares_one_key_out(mon
         handed["mask"] = mask
         return q
 
-    monkeypatch.setattr(builtin.TorchSDPA, "sdpa", kernel)
+    monkeypatch.setattr(torch_backend.TorchSDPA, "sdpa", kernel)
     q, k, v, mask = make_case(2, 3, 3, 4, 6, 8, 8, mask="rank3")
-    builtin.TorchCuDNNAttention.sdpa(*(torch.from_numpy(a) for a in (q, k, v, mask)))
+    torch_cuda.TorchCuDNNAttention.sdpa(*(torch.from_numpy(a) for a in (q, k, v, mask)))
     assert tuple(handed["mask"].shape) == (1, 3, 4, 6) and np.array_equal(handed["mask"][0].numpy(), mask)
     assert np.array_equal(oracle.sdpa(q, k, v, mask), oracle.sdpa(q, k, v, mask[None]))
-    builtin.TorchCuDNNAttention.sdpa(*(torch.from_numpy(a) for a in (q, k, v, mask[0])))  # 2-D: as given
+    torch_cuda.TorchCuDNNAttention.sdpa(*(torch.from_numpy(a) for a in (q, k, v, mask[0])))  # 2-D: as given
     assert tuple(handed["mask"].shape) == (4, 6)
 
     region = load_implementation("builtin:torch_sdpa_cudnn").region
@@ -218,7 +219,7 @@ def test_the_cudnn_kernel_gets_a_rank_3_mask_as_4_d_and_declares_one_key_out(mon
 def test_jax_dpa_declares_xla_gpu_s_float16_refusal_of_one_key_on_cuda_only():
     """XLA:GPU refused jax_dpa's float16 dot in all 131 float16 cases with Lk 1 on an H200 (jax 0.11.2), and ran
     none: outside its region there, in float16 on cuda only (the CPU declares float32 alone)."""
-    from attention_conformance.implementations import load_implementation
+    from attention_conformance.implementations.registry import load_implementation
 
     region = load_implementation("builtin:jax_dpa").region
     facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 3, "Lk": 1, "Dk": 64, "Dv": 64, "mask_kind": "none",
@@ -232,7 +233,7 @@ def test_jax_dpa_declares_xla_gpu_s_float16_refusal_of_one_key_on_cuda_only():
 def test_the_memory_efficient_kernel_declares_its_16_byte_head_dims():
     """torch refused 12,538 of torch_sdpa_efficient's cases on an H200 for head dims not a multiple of 16 bytes (4
     in float32, 8 in 16 bits, Dk or Dv): declared, so that the suite draws cases it runs instead."""
-    from attention_conformance.implementations import load_implementation
+    from attention_conformance.implementations.registry import load_implementation
 
     region = load_implementation("builtin:torch_sdpa_efficient").region
     facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 5, "Lk": 7, "mask_kind": "none", "is_causal": False,
@@ -246,7 +247,7 @@ def test_the_memory_efficient_kernel_declares_its_16_byte_head_dims():
 def test_the_flash_kernel_declares_causal_for_equal_lengths_only():
     """torch 2.11 refuses is_causal with Lq != Lk in its flash kernel ("Flash attention does not support the is_causal
     flag when seqlen_q != seqlen_k", 74 shapes on an H200): declared, so causal cases are drawn with Lq == Lk."""
-    from attention_conformance.implementations import load_implementation
+    from attention_conformance.implementations.registry import load_implementation
 
     region = load_implementation("builtin:torch_sdpa_flash").region
     facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Dk": 64, "Dv": 64, "mask_kind": "none", "scale": None,
@@ -261,12 +262,12 @@ def test_the_sink_factor_keeps_its_gradient_where_the_sink_weight_is_tiny():
     float32 backward was 0 once the sink's weight fell below 2^-24 (H200: dsink 0 against -2.6e-16, allowed 7e-20).
     Value and d/dsigma, in float32, against float64 over the whole range, a row without keys included."""
     torch = pytest.importorskip("torch")
-    from attention_conformance.implementations.builtin import _sink_factor
+    from attention_conformance.implementations.builtin.torch_flex import sink_factor
 
     x = np.concatenate([np.linspace(-60.0, 60.0, 241), [37.0, -37.0]])  # lse - sigma
     lse = torch.tensor(x, dtype=torch.float32)
     sink = torch.zeros_like(lse, requires_grad=True)
-    factor = _sink_factor(lse, sink)
+    factor = sink_factor(lse, sink)
     (grad,) = torch.autograd.grad(factor.sum(), sink)
     exact = 1.0 / (1.0 + np.exp(-x.astype(np.float32).astype(np.float64)))  # sigmoid(lse - sigma)
     exact_grad = -exact * (1.0 / (1.0 + np.exp(x.astype(np.float32).astype(np.float64))))  # -f P
@@ -274,7 +275,7 @@ def test_the_sink_factor_keeps_its_gradient_where_the_sink_weight_is_tiny():
     assert np.all(np.abs(factor.detach().numpy() - exact) <= 4 * u * exact)
     assert np.all(np.abs(grad.numpy() - exact_grad) <= 8 * u * np.abs(exact_grad)), grad.numpy()[x == 37.0]
     no_keys = torch.zeros(1, requires_grad=True)
-    empty = _sink_factor(torch.tensor([-np.inf]), no_keys)
+    empty = sink_factor(torch.tensor([-np.inf]), no_keys)
     (empty_grad,) = torch.autograd.grad(empty.sum(), no_keys)
     assert float(empty) == 0.0 and float(empty_grad) == 0.0
 
@@ -284,7 +285,7 @@ def test_flex_on_cuda_leaves_head_dims_above_128_out_in_every_dtype():
     error: out of memory" in Triton's static launcher) and two backwards compiled past the 120 s call limit (86 cases
     of their workers failed uncalled); with head dims up to 128, an H200 rerun of every torch_flex test judged 1613
     cases, 0 failed. The CPU twin, which compiles no Triton kernel, keeps them."""
-    from attention_conformance.implementations import load_implementation
+    from attention_conformance.implementations.registry import load_implementation
 
     facts = {"op": "sdpa", "B": 1, "Hq": 2, "Hkv": 2, "Lq": 65, "Lk": 65, "Dk": 256, "Dv": 256, "mask_kind": "bool",
              "is_causal": True, "scale": None, "variants": (), "device": "cuda", "dtype": "float16"}

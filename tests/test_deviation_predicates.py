@@ -10,11 +10,13 @@ import math
 import numpy as np
 import pytest
 
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import RECORDS, Judge
-from attention_conformance.conformance.report import ConformanceFailure
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.records import RECORDS
+from attention_conformance.conformance.judging.verdict import Judge
 from attention_conformance.conformance.specdata import clauses
-from attention_conformance.implementations import deviations, load_implementation
+from attention_conformance.implementations import deviations
+from attention_conformance.implementations.registry import load_implementation
 
 from .attention_parts import attention_parts
 from .battery import run_battery
@@ -299,7 +301,7 @@ def test_the_scale_predicate_is_a_nonpositive_explicit_scale_only():
 
 
 def test_the_jax_built_in_uses_the_ready_made_entry():
-    from attention_conformance.implementations.builtin import JaxDotProductAttention
+    from attention_conformance.implementations.builtin.jax_backend import JaxDotProductAttention
 
     assert JaxDotProductAttention.FULLY_MASKED_ROWS == deviations.LARGE_FINITE_NEGATIVE_ROWS
     assert [d["when"] for d in JaxDotProductAttention.KNOWN_DEVIATIONS] == [deviations.float_row_beside_a_removal]
@@ -307,8 +309,9 @@ def test_the_jax_built_in_uses_the_ready_made_entry():
 
 def test_the_cudnn_backward_deviation_is_dq_of_masked_16bit_cuda_cases_only():
     """Declared from the first GPU run's two torch_sdpa_cudnn gradient failures (both with a mask), never wider."""
-    from attention_conformance.implementations.builtin import (CUDA_CUDNN_MASKED_BACKWARD_NAN, TorchCuDNNAttention,
-                                                               TorchSDPA)
+    from attention_conformance.implementations.builtin.cuda_deviations import CUDA_CUDNN_MASKED_BACKWARD_NAN
+    from attention_conformance.implementations.builtin.torch_backend import TorchSDPA
+    from attention_conformance.implementations.builtin.torch_cuda import TorchCuDNNAttention
 
     when = CUDA_CUDNN_MASKED_BACKWARD_NAN["when"]
     facts = {"device": "cuda", "dtype": "bfloat16", "mask_kind": "bool", "scale": None, "is_causal": True}
@@ -323,8 +326,10 @@ def test_the_cudnn_backward_deviation_is_dq_of_masked_16bit_cuda_cases_only():
 
 def test_the_cudnn_finite_mask_fill_is_float16_score_range_with_a_mask_on_cuda_only():
     """Declared from the H100 run's one torch_sdpa_cudnn failure and benchmarks/score_range_probe.py, never wider."""
-    from attention_conformance.implementations.builtin import (CUDA_CUDNN_FINITE_MASK_FILL, JaxCuDNNAttention,
-                                                               TorchCuDNNAttention, TorchSDPA)
+    from attention_conformance.implementations.builtin.cuda_deviations import CUDA_CUDNN_FINITE_MASK_FILL
+    from attention_conformance.implementations.builtin.jax_backend import JaxCuDNNAttention
+    from attention_conformance.implementations.builtin.torch_backend import TorchSDPA
+    from attention_conformance.implementations.builtin.torch_cuda import TorchCuDNNAttention
 
     when = CUDA_CUDNN_FINITE_MASK_FILL["when"]
     facts = {"device": "cuda", "dtype": "float16", "mask_kind": "bool", "scale": None, "is_causal": True}
@@ -341,9 +346,13 @@ def test_each_pinned_torch_kernel_declares_only_what_was_measured_of_it():
     """The default dispatch's entries describe cuDNN (its pick for 16 bits); a pinned kernel inherited them all until
     the H100 and H200 reports showed torch_sdpa_efficient with 0 deviations and torch_sdpa_flash with sdpa.finite only.
     An inherited entry would pass the efficient kernel's NaN for scale 0 or its wrong fully masked rows."""
-    from attention_conformance.implementations.builtin import (CUDA_NAN_NONPOSITIVE_SCALE, TorchCuDNNAttention,
-                                                               TorchFlashAttention, TorchMemoryEfficientAttention,
-                                                               TorchSDPA)
+    from attention_conformance.implementations.builtin.cuda_deviations import CUDA_NAN_NONPOSITIVE_SCALE
+    from attention_conformance.implementations.builtin.torch_backend import TorchSDPA
+    from attention_conformance.implementations.builtin.torch_cuda import (
+        TorchCuDNNAttention,
+        TorchFlashAttention,
+        TorchMemoryEfficientAttention,
+    )
 
     facts = {"device": "cuda", "dtype": "float16", "mask_kind": "bool", "scale": 0.0, "is_causal": False,
              "fully_masked": True, "Lk": 64}

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import judging
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.expected import allowed_error, expected_output
-from attention_conformance.conformance.specdata import fixtures
-from attention_conformance.conformance.test_fixtures import fixture_case
-from attention_conformance.implementations import load_implementation
+from attention_conformance.conformance.cases.fixtures import fixtures
+from attention_conformance.conformance.judging import verdict
+from attention_conformance.conformance.judging.expected import allowed_error, expected_output
+from attention_conformance.conformance.judging.fixtures import fixture_case
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.implementations.registry import load_implementation
 
 
 def masked_sdpa_fixture():
@@ -20,7 +20,7 @@ def masked_sdpa_fixture():
 
 @pytest.fixture
 def empty_store(monkeypatch):
-    monkeypatch.setattr(judging, "_FIXTURE_ORACLE", {})
+    monkeypatch.setattr(verdict, "_FIXTURE_ORACLE", {})
 
 
 def test_two_implementations_share_the_fixtures_oracle_and_allowance(empty_store):
@@ -34,7 +34,7 @@ def test_two_implementations_share_the_fixtures_oracle_and_allowance(empty_store
     allowed = first.allowed(case, inputs)
     assert second.allowed(case, case.rounded("float32")) is allowed
     np.testing.assert_array_equal(allowed, allowed_error(case, inputs, "float32", "zeros"))
-    assert len(judging._FIXTURE_ORACLE) == 2
+    assert len(verdict._FIXTURE_ORACLE) == 2
 
 
 def test_other_inputs_policies_and_dtypes_are_entries_of_their_own(empty_store):
@@ -49,7 +49,7 @@ def test_other_inputs_policies_and_dtypes_are_entries_of_their_own(empty_store):
     assert judge._expected(case, inputs, "uniform") is not want
     wide = Judge(load_implementation("builtin:numpy_native"), "float64", "cpu")
     assert wide.allowed(case, case.rounded("float64")) is not judge.allowed(case, inputs)
-    assert len(judging._FIXTURE_ORACLE) == 5
+    assert len(verdict._FIXTURE_ORACLE) == 5
 
 
 def test_a_shared_value_cannot_be_changed_by_a_verdict(empty_store):

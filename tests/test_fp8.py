@@ -1,4 +1,4 @@
-"""FP8 attention (issue 25) checks itself: the oracle's dequantization, the contract's 8-bit declarations, which
+"""FP8 attention checks itself: the oracle's dequantization, the contract's 8-bit declarations, which
 items collection gives an implementation, the array conversion, the 8-bit tolerance against correct and wrong
 pipelines, and the fixture loader's checks of FP8 fixtures."""
 from __future__ import annotations
@@ -10,15 +10,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle, plugin, tolerances
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.report import ConformanceFailure, repro
-from attention_conformance.conformance.specdata import SpecError, clauses, fixtures, load_fixture_file
-from attention_conformance.conformance.strategies import quantized
+from attention_conformance.conformance import plugin
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.cases.fixtures import fixtures, load_fixture_file
+from attention_conformance.conformance.cases.fp8 import quantized
+from attention_conformance.conformance.judging.messages import ConformanceFailure, repro
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import oracle, tolerances
+from attention_conformance.conformance.specdata import SpecError, clauses
 from attention_conformance.conformance.test_fp8 import needs_descales
-from attention_conformance.implementations._arrays import DTYPE_NAMES, EIGHT_BIT_DTYPE_NAMES, ARRAY_KINDS
-from attention_conformance.implementations._registry import ImplementationLoadError, from_object
+from attention_conformance.implementations.arrays import ARRAY_KINDS, DTYPE_NAMES, EIGHT_BIT_DTYPE_NAMES
+from attention_conformance.implementations.registry import ImplementationLoadError, from_object
 from zoo import correct_fp8_fa3_emulation as fa3
 
 pytestmark = pytest.mark.selfcheck

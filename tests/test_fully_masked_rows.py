@@ -12,12 +12,12 @@ import types
 import numpy as np
 import pytest
 
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.expected import fully_masked_causes
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.implementations import ImplementationLoadError, deviations, load_implementation
-from attention_conformance.implementations._registry import from_object
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.judging.expected import fully_masked_causes
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.implementations import deviations
+from attention_conformance.implementations.registry import ImplementationLoadError, from_object, load_implementation
 
 from .attention_parts import attention_parts as _attention_parts
 from .battery import run_battery

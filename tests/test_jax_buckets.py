@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_conformance.implementations import builtin
-from attention_conformance.implementations.builtin import JaxNumpy
+from attention_conformance.implementations.builtin import jax_jit
+from attention_conformance.implementations.builtin.jax_numpy import JaxNumpy
 
 from .jax_vjp import assert_eager_vjp_equals_the_jitted
 
@@ -33,7 +33,7 @@ def _unpadded(q, k, v, mask=None, is_causal=False, scale=None, **variants):
 def _signatures_of(monkeypatch, target) -> set:
     """The (shape, dtype) signatures ``target`` (a jitted JaxNumpy body) is called with from now on."""
     signatures: set = set()
-    real = builtin._jitted
+    real = jax_jit.jitted
 
     def recording(fn, *static):
         program = real(fn, *static)
@@ -46,7 +46,7 @@ def _signatures_of(monkeypatch, target) -> set:
             return program(*args, **kwargs)
         return call
 
-    monkeypatch.setattr(builtin, "_jitted", recording)
+    monkeypatch.setattr(jax_jit, "jitted", recording)
     return signatures
 
 
@@ -151,14 +151,14 @@ def test_bucketed_gradients_equal_the_traced_gradients(name):
 def test_an_eager_vjp_runs_the_bucketed_backward(monkeypatch):
     """The bucketed backward is what an eager jax.vjp runs (not the traced path), one program for a bucket."""
     called = []
-    real = builtin._jitted
+    real = jax_jit.jitted
 
     def recording(fn, *static):
         if fn is JaxNumpy._uniform_vjp:
             called.append(fn)
         return real(fn, *static)
 
-    monkeypatch.setattr(builtin, "_jitted", recording)
+    monkeypatch.setattr(jax_jit, "jitted", recording)
     for shape in [(1, 2, 1, 3, 5, 4, 4), (2, 4, 2, 7, 6, 8, 8)]:
         q, k, v = _inputs(*shape)
         jax.vjp(lambda q, k, v: JaxNumpy.sdpa(q, k, v), q, k, v)[1](np.ones(q.shape[:3] + (v.shape[3],), np.float32))
@@ -183,7 +183,7 @@ def _paged_variants(hq):
 def test_bucketed_paged_and_packed_attention_equal_numpy_native():
     """Heads (GQA, 6 query heads on 2 kv heads), page size, rows and head dims padded: NumpyNative's results, which
     compute every sequence at its own shapes."""
-    from attention_conformance.implementations.builtin import NumpyNative
+    from attention_conformance.implementations.builtin.numpy_backend import NumpyNative
 
     q, kc, vc, table, used = _paged_inputs(2, 6, 2, 3, 3, 4, 5)
     for variants in ({}, _paged_variants(6)):
@@ -212,7 +212,7 @@ def test_the_keys_attended_under_a_trace_are_the_oracles(seed):
     """_attended_keys under a trace (the traced paths' keep mask: oracle.positions_allowed in jax.numpy, the key
     lengths and left pads tracers) keeps exactly the keys the NumPy rule and the boolean mask leave, for every variant
     that removes keys."""
-    from attention_conformance.conformance import oracle
+    from attention_conformance.conformance.reference import oracle
 
     rng = np.random.default_rng(seed)
     b, hq, lq, lk = 2, 2, int(rng.integers(1, 9)), int(rng.integers(1, 12))

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_conformance.implementations import builtin
-from attention_conformance.implementations.builtin import JaxDotProductAttention, JaxNumpy
+from attention_conformance.implementations.builtin import jax_jit
+from attention_conformance.implementations.builtin.jax_backend import JaxDotProductAttention
+from attention_conformance.implementations.builtin.jax_numpy import JaxNumpy
 
 jax = pytest.importorskip("jax")
 
@@ -86,22 +87,22 @@ PROGRAMS = {name[1:]: program for name, program in globals().items() if name.sta
 def _run_with(monkeypatch, options, program):
     """``program``'s results (as NumPy) with the built-ins' CPU programs compiled with ``options`` (None: XLA's
     defaults), every program compiled afresh."""
-    monkeypatch.setattr(builtin, "cpu_compiler_options", lambda: options)
-    monkeypatch.setattr(builtin, "_JITTED", {})
+    monkeypatch.setattr(jax_jit, "cpu_compiler_options", lambda: options)
+    monkeypatch.setattr(jax_jit, "JITTED", {})
     return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(program())]
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_the_cpu_options_give_the_builtins_the_bits_of_xlas_defaults(monkeypatch, name):
-    if builtin.cpu_compiler_options() is None:
+    if jax_jit.cpu_compiler_options() is None:
         pytest.skip("this jaxlib does not take the options or its probe's bits differ: the built-ins use its defaults")
-    tuned = _run_with(monkeypatch, dict(builtin.CPU_COMPILER_OPTIONS), PROGRAMS[name])
+    tuned = _run_with(monkeypatch, dict(jax_jit.CPU_COMPILER_OPTIONS), PROGRAMS[name])
     default = _run_with(monkeypatch, None, PROGRAMS[name])
     assert [x.shape for x in tuned] == [x.shape for x in default]
     for got, want in zip(tuned, default):
         same = got.dtype == want.dtype and got.tobytes() == want.tobytes()
         assert same, (
-            f"{name}: XLA:CPU with {builtin.CPU_COMPILER_OPTIONS} differs from its defaults by up to "
+            f"{name}: XLA:CPU with {jax_jit.CPU_COMPILER_OPTIONS} differs from its defaults by up to "
             f"{np.max(np.abs(got.astype(np.float64) - want)):.3g}; drop the options (implementations/builtin.py)")
 
 
@@ -115,26 +116,26 @@ def _options_of_each_jit(monkeypatch) -> list:
         return real(fn, **options)
 
     monkeypatch.setattr(jax, "jit", recording)
-    monkeypatch.setattr(builtin, "_JITTED", {})
+    monkeypatch.setattr(jax_jit, "JITTED", {})
     return seen
 
 
 def test_cpu_arrays_compile_with_the_options_and_traced_ones_without(monkeypatch):
-    options = dict(builtin.CPU_COMPILER_OPTIONS)
-    monkeypatch.setattr(builtin, "cpu_compiler_options", lambda: options)
+    options = dict(jax_jit.CPU_COMPILER_OPTIONS)
+    monkeypatch.setattr(jax_jit, "cpu_compiler_options", lambda: options)
     seen = _options_of_each_jit(monkeypatch)
     q, k, v = (jax.device_put(x, jax.devices("cpu")[0]) for x in _arrays((1, 1, 3, 4), (1, 1, 3, 4), (1, 1, 3, 4)))
     JaxDotProductAttention.sdpa(q, k, v)
     assert seen == [options]
     # Inside another program (a user's jit around the built-in) the enclosing program's options decide.
-    jax.jit(lambda q: builtin._jitted(JaxDotProductAttention._sdpa, "is_causal")(q, k, v))(q)
+    jax.jit(lambda q: jax_jit.jitted(JaxDotProductAttention._sdpa, "is_causal")(q, k, v))(q)
     assert seen[1:] == [None, None], "the enclosing jit, then the built-in's inside it: no CPU options for a trace"
 
 
 def test_host_arrays_follow_the_default_backend(monkeypatch):
-    assert builtin._on_cpu((np.zeros(3),)) is (jax.default_backend() == "cpu")
+    assert jax_jit.on_cpu((np.zeros(3),)) is (jax.default_backend() == "cpu")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert builtin._on_cpu((np.zeros(3),)) is False
+    assert jax_jit.on_cpu((np.zeros(3),)) is False
 
 
 @pytest.mark.parametrize("options", [{"xla_cpu_no_such_option_anywhere": True}, {"xla_cpu_enable_fast_math": True}],
@@ -143,9 +144,9 @@ def test_options_the_probe_refuses_leave_xlas_defaults(monkeypatch, options):
     """An option this jaxlib does not know, or one that changes the probe's bits (fast math reorders its sums and
     approximates its tanh and exp, as elemental emitters that differed from the fusion emitters would): the
     built-ins then compile with XLA's defaults."""
-    monkeypatch.setattr(builtin, "CPU_COMPILER_OPTIONS", options)
-    builtin.cpu_compiler_options.cache_clear()
+    monkeypatch.setattr(jax_jit, "CPU_COMPILER_OPTIONS", options)
+    jax_jit.cpu_compiler_options.cache_clear()
     try:
-        assert builtin.cpu_compiler_options() is None
+        assert jax_jit.cpu_compiler_options() is None
     finally:
-        builtin.cpu_compiler_options.cache_clear()
+        jax_jit.cpu_compiler_options.cache_clear()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_conformance.implementations import builtin
-from attention_conformance.implementations.builtin import JaxDotProductAttention
+from attention_conformance.conformance.judging import records
+from attention_conformance.implementations.builtin import jax_jit
+from attention_conformance.implementations.builtin.jax_backend import JaxDotProductAttention
 
 from .jax_vjp import assert_eager_vjp_equals_the_jitted
 
@@ -46,13 +47,13 @@ def test_the_eager_vjp_equals_the_vjp_of_the_traced_body(name):
 
 def test_an_eager_vjp_runs_the_forward_program_and_one_backward(monkeypatch):
     called = []
-    real = builtin._jitted
+    real = jax_jit.jitted
 
     def recording(fn, *static):
         called.append(fn)
         return real(fn, *static)
 
-    monkeypatch.setattr(builtin, "_jitted", recording)
+    monkeypatch.setattr(jax_jit, "jitted", recording)
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3))
     jax.vjp(lambda q, k, v: JaxDotProductAttention.sdpa(q, k, v), q, k, v)[1](np.ones((1, 2, 3, 4), np.float32))
@@ -64,11 +65,10 @@ def test_a_backward_the_gpu_compiler_refuses_is_unsupported_not_failed(monkeypat
     precision algorithm: 4", H200, jax 0.11.2) after the forward had run: the refusal comes when the pullback compiles,
     outside the forward's call. jax_dpa declares it in REFUSALS, so the gradient case is unsupported with the
     compiler's reason; another error there still fails the case."""
-    from attention_conformance.conformance import checks
-    from attention_conformance.conformance.cases import Case
-    from attention_conformance.conformance.report import ConformanceFailure
-    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
-    from attention_conformance.implementations import load_implementation
+    from attention_conformance.conformance.cases.case import Case
+    from attention_conformance.conformance.judging.gradient_verdicts import GradientJudge, judge_gradients
+    from attention_conformance.conformance.judging.messages import ConformanceFailure
+    from attention_conformance.implementations.registry import load_implementation
 
     rng = np.random.default_rng(1)
     inputs = {name: rng.standard_normal(shape) for name, shape in
@@ -84,6 +84,6 @@ def test_a_backward_the_gpu_compiler_refuses_is_unsupported_not_failed(monkeypat
 
     with pytest.raises(pytest.skip.Exception, match="jax_dpa refused the program .*Unsupported dot precision"):
         backward_raising("INVALID_ARGUMENT: Unsupported dot precision algorithm: 4")
-    assert checks.RECORDS[-1].status == "unsupported"
+    assert records.RECORDS[-1].status == "unsupported"
     with pytest.raises(ConformanceFailure, match="INVALID_ARGUMENT: Some other error"):
         backward_raising("INVALID_ARGUMENT: Some other error")

@@ -10,10 +10,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.implementations._registry import from_object
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import oracle
+from attention_conformance.implementations.registry import from_object
 
 from .test_cli import pytest_run
 
@@ -57,7 +57,7 @@ def test_x64_is_on_for_float64_cases_only_in_the_calling_thread(dtype, x64, monk
 
 
 def test_a_float64_array_converted_outside_a_call_keeps_its_precision():
-    from attention_conformance.implementations._arrays import ARRAY_KINDS
+    from attention_conformance.implementations.arrays import ARRAY_KINDS
 
     value = np.array([1.0 + 2.0**-40])
     native = ARRAY_KINDS["jax"].to_native(value, "cpu")

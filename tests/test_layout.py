@@ -16,14 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.gradients import gradients
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.implementations import ImplementationLoadError, load_implementation
-from attention_conformance.implementations._registry import from_object
-from attention_conformance.implementations.builtin import TorchSDPA
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.judging.gradients import gradients
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import oracle
+from attention_conformance.implementations.builtin.torch_backend import TorchSDPA
+from attention_conformance.implementations.registry import ImplementationLoadError, from_object, load_implementation
 from zoo import _reference as ref
 
 from .battery import run_battery
@@ -193,7 +192,7 @@ def test_a_case_without_an_attending_row_is_not_probed_for_the_layout(kept_recor
 
 
 class WindowOneKeyWide:
-    """A flash wrapper that kept one key too many on a window's left (transformers issue 39408): correct otherwise."""
+    """A flash wrapper that kept one key too many on a window's left (transformers issue #39408): correct otherwise."""
 
     DTYPES = ("float64",)
 

@@ -5,8 +5,9 @@ import textwrap
 
 import pytest
 
-from attention_conformance.conformance.list_impls import describe_lines
-from attention_conformance.implementations._registry import VARIANT_DEFAULTS, from_object
+from attention_conformance.conformance.reporting.list_impls import describe_lines
+from attention_conformance.implementations.contract import VARIANT_DEFAULTS
+from attention_conformance.implementations.registry import from_object
 
 from .test_cli import pytest_run
 

@@ -1,5 +1,6 @@
-"""Issue 25's last two parts: multi_head_attention takes sdpa's variant keywords (mha.variants), and the variants'
-gradients are checked against the analytic float64 backward (grad.softcap, grad.variants, grad.learnable-sink).
+"""MHA variants and variant gradients: multi_head_attention takes sdpa's variant keywords (mha.variants), and the
+variants' gradients are checked against the analytic float64 backward (grad.softcap, grad.variants,
+grad.learnable-sink).
 
 What is checked here: the keywords reach an MHA implementation only when used and in the contract's dtypes, a
 signature without one makes the case unsupported; padding rows and per-head rows without keys of an MHA output are
@@ -16,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle, oracle_backward
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.gradients import backward_allowed
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.implementations import load_implementation
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.judging.gradients import backward_allowed
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import backward as oracle_backward
+from attention_conformance.conformance.reference import oracle
+from attention_conformance.implementations.registry import load_implementation
 from zoo import correct_mha_variants_loop as loop
 
 pytestmark = [pytest.mark.selfcheck, pytest.mark.usefixtures("kept_records")]
@@ -127,7 +129,7 @@ def test_an_mha_variant_bug_is_filed_under_the_keywords_clause(member, options, 
 
 
 class FloatMaskBeforeScale(Recorder):
-    """Adds the float mask before the scale (a held-out MHA did): the mask's values come out scaled by 1/sqrt(Dk)."""
+    """Adds the float mask before the scale (an independent MHA did): the mask's values are scaled by 1/sqrt(Dk)."""
 
     @classmethod
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *,
@@ -140,7 +142,7 @@ class FloatMaskBeforeScale(Recorder):
 
 def test_a_probe_that_leaves_one_term_a_row_acquits_nothing():
     """One key and a sink: without the sink every weight is 1, whatever the scores and the mask, so that probe passes
-    any score fault; the fault is the float mask's, which a row of key and sink still shows (a held-out MHA whose
+    any score fault; the fault is the float mask's, which a row of key and sink still shows (an independent MHA whose
     float mask was added before the scale was filed under sdpa.learnable-sink)."""
     rng = np.random.default_rng(5)
     case = mha_case(learnable_sink=np.array([0.4, -0.2]), mask=rng.standard_normal((1, 2, 5, 1)) * 3)
@@ -176,7 +178,7 @@ def test_the_analytic_backward_agrees_with_torch_float64_autograd(variants):
     """oracle_backward.sdpa_backward (dq, dk, dv, dmask, dsink) against torch autograd of torch_math in float64:
     docs/gradients.md's derivation, checked."""
     torch = pytest.importorskip("torch")
-    from attention_conformance.implementations.builtin import TorchMath
+    from attention_conformance.implementations.builtin.torch_backend import TorchMath
 
     q, k, v, d_out, mask = grad_inputs()
     leaves = {name: torch.tensor(x, requires_grad=True) for name, x in zip("qkvm", (q, k, v, mask))}
@@ -218,7 +220,7 @@ def test_the_gradient_tolerance_without_variants_is_unchanged_and_variants_only_
 ])
 def test_a_variant_backward_bug_is_filed_under_its_gradient_clause_with_a_repro(member, options, clause):
     pytest.importorskip("torch")
-    from attention_conformance.conformance.test_gradients import GradientJudge
+    from attention_conformance.conformance.judging.gradient_verdicts import GradientJudge
     from attention_conformance.conformance.test_variant_gradients import check_variant_gradients
 
     q, k, v, d_out, _ = grad_inputs(4)
@@ -262,10 +264,11 @@ def test_a_saturated_leading_key_under_softcap_is_no_false_alarm():
 
 def test_a_saturated_softcap_keeps_its_slope_and_its_allowance():
     """Past |t / c| = 19, 1 - tanh^2(t / c) is 0 in float64 while sech^2 is a tiny positive number: a correct JAX
-    custom_vjp (a 2026-11-27 hunt) got dq 1e-30 on such a one-key row, where the allowance built on the rounded slope
-    was 1e-307 (a false alarm of the thorough profile). The slope is sech^2 now, and the allowance covers it."""
-    from attention_conformance.conformance import oracle_backward
-    from attention_conformance.conformance.gradients import backward_allowed
+    custom_vjp (written independently of the suite, 2026-11-27) got dq 1e-30 on such a one-key row, where the
+    allowance built on the rounded slope was 1e-307 (a false alarm of the thorough profile). The slope is sech^2 now,
+    and the allowance covers it."""
+    from attention_conformance.conformance.judging.gradients import backward_allowed
+    from attention_conformance.conformance.reference import backward as oracle_backward
 
     rng = np.random.default_rng(0)
     q, k = rng.standard_normal((1, 1, 2, 80)), rng.standard_normal((1, 1, 1, 80))

@@ -12,8 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import onnx_attention as oa
-from attention_conformance.implementations._arrays import numpy_dtype
+from attention_conformance.conformance.cases import onnx_attention as oa
+from attention_conformance.implementations.arrays import numpy_dtype
 
 # ONNX's cases the contract cannot express, with the reason the mapping gives (onnx 1.23.2: 2 of 93).
 OUT_OF_CONTRACT = {
@@ -55,7 +55,7 @@ def test_out_of_contract_cases_are_the_known_ones(onnx_cases):
 
 def test_fixture_files_hold_onnx_s_tensors(onnx_cases):
     """fixtures/onnx_attention*.yaml are what the converter writes from this onnx (inputs and expected Y)."""
-    from attention_conformance.conformance.specdata import fixtures
+    from attention_conformance.conformance.cases.fixtures import fixtures
 
     by_id = {}
     for case in onnx_cases:

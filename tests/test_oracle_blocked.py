@@ -12,12 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attention_conformance.conformance import oracle, oracle_blocked, tolerances
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.conformance.strategies import sdpa_cases
+from attention_conformance.conformance.cases.sdpa import sdpa_cases
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import blocked as oracle_blocked
+from attention_conformance.conformance.reference import oracle, tolerances
 from attention_conformance.conformance.test_large_shapes import LargeShapeJudge
-from attention_conformance.implementations import load_implementation
+from attention_conformance.implementations.registry import load_implementation
 
 pytestmark = pytest.mark.selfcheck
 
@@ -203,7 +204,7 @@ def test_the_large_shape_judge_agrees_with_judge(spec, kept_records):
     agree()
 
 
-# ------------------------------------------- variants, packed and paged batches (issue 25)
+# ------------------------------------------- variants, packed and paged batches
 VARIANT_CASES = {
     "window-causal": dict(is_causal=True, window=(3, 1)),
     "softcap-alibi": dict(softcap=5.0, alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0625])),
@@ -258,8 +259,11 @@ def test_a_block_moves_the_query_offset_and_counts_query_lengths_from_its_first_
 @pytest.mark.parametrize("alignment", ["bottom-right", "top-left"])
 @pytest.mark.parametrize("which", ["varlen", "paged"])
 def test_a_packed_or_paged_case_blocked_is_the_full_oracle_and_model(which, alignment):
-    from attention_conformance.conformance.expected import (
-        allowed_error, expected_output, sequence_fully_masked_rows)
+    from attention_conformance.conformance.judging.expected import (
+        allowed_error,
+        expected_output,
+        sequence_fully_masked_rows,
+    )
 
     from .test_varlen_paged import packed_case, paged_case
 
@@ -280,7 +284,7 @@ def test_a_packed_or_paged_case_blocked_is_the_full_oracle_and_model(which, alig
 def test_the_oracle_and_the_bound_never_write_into_their_inputs(case, dtype):
     """They get the case's float64 inputs as they are, not copies (cases.widen, oracle._f64): read-only here, so
     a write into one raises."""
-    from attention_conformance.conformance.expected import allowed_error, expected_output
+    from attention_conformance.conformance.judging.expected import allowed_error, expected_output
 
     inputs = case.rounded(dtype)
     for value in inputs.values():

@@ -12,7 +12,10 @@ import sys
 import pytest
 import yaml
 
-from attention_conformance.conformance.specdata import ROOT, SpecError, clauses, fixtures
+from attention_conformance.conformance import plugin
+from attention_conformance.conformance.cases.fixtures import fixtures
+from attention_conformance.conformance.reporting import merge_cli
+from attention_conformance.conformance.specdata import ROOT, SpecError, clauses
 
 pytestmark = pytest.mark.selfcheck
 
@@ -98,7 +101,6 @@ def _suite_command(job: dict, name: str) -> str:
 def test_the_github_actions_example_runs_shards_and_merges_them(tmp_path):
     """The workflow's structure (jobs, needs, the shard matrix, artifacts, caches) and every command it runs, with
     its options checked by the suite's own parsers (docs/ci.md explains the workflow)."""
-    from attention_conformance.conformance import merge, plugin
 
     workflow = yaml.safe_load(WORKFLOW.read_text())
     jobs = workflow["jobs"]
@@ -144,6 +146,6 @@ def test_the_github_actions_example_runs_shards_and_merges_them(tmp_path):
     script = next(step["run"] for step in merged["steps"] if "attention-conformance merge" in step.get("run", ""))
     line = next(line for line in script.splitlines() if line.strip().startswith("attention-conformance merge"))
     args = shlex.split(line.replace('"${baseline[@]}"', "--baseline old.json"))[2:]
-    parsed = merge._parser().parse_args(args)
+    parsed = merge_cli._parser().parse_args(args)
     assert parsed.reports == ["runners/"] and parsed.output and parsed.durations_out == "durations.json"
     assert parsed.baseline == "old.json"

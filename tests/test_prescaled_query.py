@@ -11,11 +11,11 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import tolerances
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.judging import Judge
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.implementations import load_implementation
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import tolerances
+from attention_conformance.implementations.registry import load_implementation
 
 pytestmark = pytest.mark.selfcheck
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -112,8 +111,9 @@ def listed() -> str:
 def test_an_installed_adapter_loads_through_the_registry(name, listed):
     if not REAL_LIBRARIES._installed(ADAPTERS[name]):
         pytest.skip(f"{ADAPTERS[name]} is not installed (the [examples] extra installs it)")
-    from attention_conformance.conformance.list_impls import describe_lines
-    from attention_conformance.implementations import deviations, load_implementation
+    from attention_conformance.conformance.reporting.list_impls import describe_lines
+    from attention_conformance.implementations import deviations
+    from attention_conformance.implementations.registry import load_implementation
 
     impl = load_implementation(f"examples.{name}")
     assert describe_lines(impl)[0].split()[0] in listed

@@ -11,11 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attention_conformance.conformance import covering, tolerances
-from attention_conformance.conformance.strategies import KERNEL_SCORE_BUDGET, MASK_KINDS, drawing_inside, sdpa_cases
-from attention_conformance.implementations import ImplementationLoadError
-from attention_conformance.implementations._region import RegionError, parse_region, shape_facts
-from attention_conformance.implementations._registry import from_object
+from attention_conformance.conformance.cases import covering
+from attention_conformance.conformance.cases.drawing import drawing_inside
+from attention_conformance.conformance.cases.limits import KERNEL_SCORE_BUDGET, MASK_KINDS
+from attention_conformance.conformance.cases.sdpa import sdpa_cases
+from attention_conformance.conformance.reference import tolerances
+from attention_conformance.implementations.region import RegionError, parse_region, shape_facts
+from attention_conformance.implementations.registry import ImplementationLoadError, from_object
 
 from .test_cli import pytest_run
 
@@ -185,7 +187,7 @@ def test_absent_device_counts_from_workers_are_not_added_twice(monkeypatch):
     from collections import Counter
     from types import SimpleNamespace
 
-    from attention_conformance.conformance import coverage
+    from attention_conformance.conformance.reporting import coverage
 
     monkeypatch.setattr(coverage, "ABSENT", Counter())
     monkeypatch.setattr(coverage, "COLLECTED", [0])
@@ -198,7 +200,7 @@ def test_absent_device_counts_from_workers_are_not_added_twice(monkeypatch):
     assert coverage.COLLECTED == [90]
 
 
-# ------------------------------------------------------------------ issue 24: regions a kernel can state
+# ------------------------------------------------------------------ regions a kernel can state
 @pytest.mark.parametrize("declared, words", [
     ({"equal_lengths": "yes"}, "SUPPORTS['equal_lengths'] must be True or False, got 'yes'"),
     ({"causal": "lq<lk"}, "SUPPORTS['causal'] must be True, False or one of ['lq<=lk', 'lq>=lk', 'lq==lk']"),
@@ -284,7 +286,7 @@ def _draw_supported(case):
 def test_a_draw_supports_refuses_is_filtered_while_drawing_not_called():
     """supports(facts) is asked while drawing, with the dtype and device of the run, of the derived cases too;
     a refused draw is rejected inside Hypothesis (counted as filtered) and no case outside reaches the test."""
-    from attention_conformance.conformance.strategies import DerivedCase
+    from attention_conformance.conformance.cases.drawing import DerivedCase
 
     seen = []
 
@@ -369,8 +371,8 @@ def test_narrow_regions_lose_no_generated_case_and_no_call(tmp_path):
 def test_mha_head_width_e_over_h_is_said_and_drawn_inside():
     """torch.nn.MultiheadAttention's H*Dk == H*Dv == E: said in SUPPORTS, every generated MHA case lies inside (about
     half were drawn outside and reported unsupported before) and the head-width property does not apply."""
-    from attention_conformance.conformance.strategies import mha_cases
-    from attention_conformance.conformance.test_mha import _heads_split_e
+    from attention_conformance.conformance.cases.mha import mha_cases
+    from attention_conformance.conformance.test_mha import heads_split_e
 
     region = parse_region({"mha_head_width": "e_over_h"})
     mha = {"op": "multi_head_attention", "Hq": 2, "Hkv": 2, "Dk": 3, "Dv": 3}
@@ -391,7 +393,7 @@ def test_mha_head_width_e_over_h_is_said_and_drawn_inside():
     assert drawn and all(f["Hq"] * f["Dk"] == f["Hq"] * f["Dv"] == f["E"] for f in drawn), drawn
     impl = from_object(type("Mha", (), {"SUPPORTS": {"mha_head_width": "e_over_h"},
                                         "multi_head_attention": staticmethod(lambda *a, **k: None)}), "mha", "mha")
-    assert "declares mha_head_width 'e_over_h'" in _heads_split_e(impl)
+    assert "declares mha_head_width 'e_over_h'" in heads_split_e(impl)
 
 
 def test_keywords_the_signature_lacks_are_not_drawn():

@@ -24,10 +24,17 @@ import jsonschema
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import agreement, checks, environment, html_report, json_report, session, summary
-from attention_conformance.conformance import transport
-from attention_conformance.conformance import report as report_module
-from attention_conformance.conformance.report import REPRO_HEADING, CaseRecord, parse_shapes, shapes_text
+from attention_conformance.conformance.harness import session
+from attention_conformance.conformance.judging import agreement, records
+from attention_conformance.conformance.judging.records import REPRO_HEADING, CaseRecord, parse_shapes, shapes_text
+from attention_conformance.conformance.reporting import (
+    counts,
+    environment,
+    html_report,
+    json_report,
+    summary,
+    transport,
+)
 from attention_conformance.conformance.specdata import ROOT, clauses
 
 pytestmark = pytest.mark.selfcheck
@@ -132,7 +139,7 @@ def test_a_failing_run_lists_the_failures_in_both_files(mixed_run):
             == sorted(groups, key=lambda k: tuple(map(str, k)))[0]][-1]
     worst = next(line.split(None, 1)[1] for line in last["message"].splitlines() if line.strip().startswith("worst "))
     assert html.escape(last["case"]) in visible and html.escape(worst.strip()) in visible
-    assert f"<td class=num>{html.escape(html_report._fmt(last['ratio']))}</td>" in visible
+    assert f"<td class=num>{html.escape(html_report.fmt(last['ratio']))}</td>" in visible
 
 
 def test_the_plot_shows_each_case_ratio_failed_above_one_passed_at_or_below(mixed_run, monkeypatch):
@@ -265,7 +272,7 @@ def _terminal_lines(monkeypatch) -> list[str]:
 
 def test_the_summary_counts_judged_and_unsupported_cases_with_their_reasons(kept_records, monkeypatch):
     long_reason = "needs H*Dk == E " + "and a great deal more " * 10
-    checks.RECORDS[:] = (
+    records.RECORDS[:] = (
         [_record(implementation="kern", case=f"p{i}") for i in range(5)]
         + [_record("failed", "[c] broken", implementation="kern"), _record("deviation", "declared", implementation="kern")]
         + [_record("unsupported", f"outside kern's declared region: head dim Dk {d} is outside 8..256 step 8\nmore",
@@ -276,7 +283,7 @@ def test_the_summary_counts_judged_and_unsupported_cases_with_their_reasons(kept
         + [_record("unsupported", "something rare", implementation="kern", op="softmax")]
         + [_record(implementation="plain")]
     )
-    entry = summary.implementation_summary()["kern"]
+    entry = counts.implementation_summary()["kern"]
     assert entry == {
         "cases": 15, "judged": 7, "passed": 5, "failed": 1, "deviation": 1, "unsupported": 8,
         "operations": {"softmax": {"judged": 0, "passed": 0, "failed": 0, "deviation": 0, "unsupported": 1},
@@ -287,7 +294,7 @@ def test_the_summary_counts_judged_and_unsupported_cases_with_their_reasons(kept
             {"reason": " ".join(long_reason.split()), "count": 1},
         ],
     }
-    assert summary.implementation_summary()["plain"] == {
+    assert counts.implementation_summary()["plain"] == {
         "cases": 1, "judged": 1, "passed": 1, "failed": 0, "deviation": 0, "unsupported": 0,
         "operations": {"sdpa": {"judged": 1, "passed": 1, "failed": 0, "deviation": 0, "unsupported": 0}}}
     lines = _terminal_lines(monkeypatch)
@@ -305,27 +312,27 @@ def test_the_summary_counts_judged_and_unsupported_cases_with_their_reasons(kept
 def test_a_replayed_example_is_one_case(kept_records, monkeypatch):
     """Hypothesis replays examples (a covering corner it draws again, the final failing example): the summary, the
     coverage rule and the report's cases count each (test, case, clause, status) once; the last record is kept."""
-    from attention_conformance.conformance import coverage
+    from attention_conformance.conformance.reporting import coverage
 
     message = f"[c] x\n  {REPRO_HEADING}\n    snippet"
-    checks.RECORDS[:] = [_record(case="a"), _record(case="a"), _record(case="b", ratio=0.5),
+    records.RECORDS[:] = [_record(case="a"), _record(case="a"), _record(case="b", ratio=0.5),
                          _record("failed", "[c] first", case="f"), _record("failed", message, case="f"),
                          _record(case="a", test="t[y]"), _record("unsupported", "no", case="a"),
                          _record(case="b", ratio=0.25)]  # one case checked twice (each head alone, say)
-    entry = summary.implementation_summary()["impl"]
+    entry = counts.implementation_summary()["impl"]
     assert (entry["cases"], entry["judged"], entry["passed"], entry["failed"], entry["unsupported"]) == (5, 4, 3, 1, 1)
-    cases = json_report._case_dicts(report_module.distinct(checks.RECORDS))
+    cases = json_report._case_dicts(records.distinct(records.RECORDS))
     assert [(c["test"], c["case"], c["status"]) for c in cases] == [
         ("t[x]", "a", "passed"), ("t[x]", "b", "passed"), ("t[x]", "f", "failed"), ("t[y]", "a", "passed"),
         ("t[x]", "a", "unsupported")]
     assert "snippet" in cases[2]["message"]  # the last of the replays, with its repro
     assert cases[1]["ratio"] == 0.5  # the worst of the checks of one case
-    judged, _ = coverage.judged_and_unsupported(checks.RECORDS)
+    judged, _ = coverage.judged_and_unsupported(records.RECORDS)
     assert judged[("impl", "sdpa")] == 4
 
 
 def test_an_interrupted_run_says_so_first(kept_records, monkeypatch):
-    checks.RECORDS[:] = [_record()]
+    records.RECORDS[:] = [_record()]
     monkeypatch.setitem(session.STATE, "reason", "interrupted by SIGTERM")
     lines = _terminal_lines(monkeypatch)
     assert lines[:2] == ["== attention conformance", "INCOMPLETE: interrupted by SIGTERM; the counts below are of the "
@@ -347,7 +354,7 @@ def test_workers_send_records_versions_and_devices_to_the_controller(kept_record
     monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
     sent = _record("failed", "[c] x", max_abs_error=np.float64(1.5), allowed=0.0, ratio=float("inf"),
                    shapes={"q": (1, 2, 3, 4)})
-    checks.RECORDS[:] = [sent]
+    records.RECORDS[:] = [sent]
     agreement.keep("c", "impl", "cpu", "float32", np.array([1.0, 2.0], dtype=np.float32))
     workers = []
     for torch_version, devices in (("2.13.0", {"cpu": "x86_64", "cuda": ["cuda:0 NVIDIA H100", "cuda:1 NVIDIA H100"]}),
@@ -365,12 +372,12 @@ def test_workers_send_records_versions_and_devices_to_the_controller(kept_record
     monkeypatch.setattr(transport, "RECEIVED", set())
     monkeypatch.setattr(agreement, "_OUTPUTS", defaultdict(dict))
 
-    checks.RECORDS[:] = []
+    records.RECORDS[:] = []
     for node in reversed(workers):  # the worker without torch finishes first; xdist may report one down twice
         transport.receive_from_worker(node)
         transport.receive_from_worker(node)
-    assert [rec.as_dict() for rec in checks.RECORDS] == [sent.as_dict()] * 2
-    assert checks.RECORDS[0].ratio == float("inf") and checks.RECORDS[0].shapes == {"q": [1, 2, 3, 4]}
+    assert [rec.as_dict() for rec in records.RECORDS] == [sent.as_dict()] * 2
+    assert records.RECORDS[0].ratio == float("inf") and records.RECORDS[0].shapes == {"q": [1, 2, 3, 4]}
     assert list(agreement._OUTPUTS) == [("float32", "c")]
     monkeypatch.setattr(environment, "local_environment", lambda: {
         "versions": {"python": "3.11", "numpy": "2.4", "torch": None, "jax": None, "hypothesis": "6"},
@@ -395,19 +402,19 @@ def test_a_worker_streams_its_records_and_the_controller_reads_those_it_never_re
         monkeypatch.setattr(transport, "_WRITER", {"records": 0, "outputs": 0, "environment": None,
                                                    "failed": False})
         config = SimpleNamespace(workerinput={transport.STREAM_KEY: str(tmp_path), "workerid": worker})
-        checks.RECORDS[:] = [first]
+        records.RECORDS[:] = [first]
         transport.stream(config)
-        checks.RECORDS.append(second)
+        records.RECORDS.append(second)
         agreement.keep("c", "impl", "cpu", "float32", np.array([[1.0, -2.5e-8, np.nan]], dtype=np.float32))
         transport.stream(config)
         transport.stream(config)  # nothing new: nothing written
     with open(tmp_path / "gw0.jsonl", "a") as handle:
         handle.write('{"record": {"test": "cut sho')  # the worker died mid-line
     assert (tmp_path / "gw0.jsonl").read_text().count('"record"') == 3
-    checks.RECORDS[:] = []
+    records.RECORDS[:] = []
     assert transport.read_unreceived() == {"gw0": 2}
-    assert [rec.as_dict() for rec in checks.RECORDS] == [first.as_dict(), second.as_dict()]
-    assert checks.RECORDS[1].ratio == float("inf") and list(agreement._OUTPUTS) == [("float32", "c")]
+    assert [rec.as_dict() for rec in records.RECORDS] == [first.as_dict(), second.as_dict()]
+    assert records.RECORDS[1].ratio == float("inf") and list(agreement._OUTPUTS) == [("float32", "c")]
     np.testing.assert_array_equal(agreement._OUTPUTS[("float32", "c")]["impl@cpu"],
                                   np.array([[1.0, -2.5e-8, np.nan]], dtype=np.float32).astype(np.float64))
     assert environment.WORKER_ENVIRONMENT["versions"]["python"]
@@ -430,19 +437,19 @@ def test_a_worker_whose_stream_is_whole_sends_its_count_and_the_controller_reads
                                                    "failed": False})
         config = SimpleNamespace(workerinput={transport.STREAM_KEY: str(tmp_path), "workerid": worker},
                                  workeroutput={})
-        checks.RECORDS[:] = [first, second]
+        records.RECORDS[:] = [first, second]
         transport.stream(config)
         if put_back:
-            checks.RECORDS[:] = [first]
+            records.RECORDS[:] = [first]
         transport.stream(config, final=True)
         transport.send_to_controller(config)
         assert ("conformance_records" in config.workeroutput) == put_back
         assert config.workeroutput.get("conformance_streamed") == (None if put_back else 2)
         nodes.append(SimpleNamespace(workeroutput=config.workeroutput, workerinput=config.workerinput))
-    checks.RECORDS[:] = []
+    records.RECORDS[:] = []
     for node in nodes:
         transport.receive_from_worker(node)
-    assert [rec.as_dict() for rec in checks.RECORDS] == [first.as_dict(), second.as_dict(), first.as_dict()]
+    assert [rec.as_dict() for rec in records.RECORDS] == [first.as_dict(), second.as_dict(), first.as_dict()]
     assert transport.read_unreceived() == {}
     (tmp_path / "gw0.jsonl").write_text("")  # a stream that does not hold what the worker counted is an error
     monkeypatch.setattr(transport, "RECEIVED", set())

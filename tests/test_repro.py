@@ -21,16 +21,17 @@ import jsonschema
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import checks, repro
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.implementations import load_implementation
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.harness import replay
+from attention_conformance.conformance.judging import evidence, verdict
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.implementations.registry import load_implementation
 
 from .test_cli import ROOT, pytest_run
 
 pytestmark = [pytest.mark.selfcheck, pytest.mark.usefixtures("kept_records")]
 
-BLOCK_LINES = 30  # the most lines one failure's block may take (issue 24)
+BLOCK_LINES = 30  # the most lines one failure's block may take
 HEADER_AND_SUMMARY_LINES = 45  # pytest's header and progress lines, the conformance summary, pytest's last line
 LINES_PER_FAILED_TEST = 6  # on average: pytest's separator line, the block (3 lines when the case's text is short)
 REPRO_LINE = re.compile(r"repro: (attention-conformance repro (\S+))")
@@ -128,7 +129,7 @@ def test_a_broken_members_repro_reproduces_it_and_passes_once_fixed(tmp_path):
 
 # ------------------------------------------------------------------ what a repro file holds, per kind of test
 def _inner(test: str):
-    return repro._inner_test(f"attention_conformance.conformance.{test}")
+    return replay._inner_test(f"attention_conformance.conformance.{test}")
 
 
 def saved_failure(tmp_path, test: str, impl: str, dtype: str = "float64", **arguments) -> tuple[Path, str]:
@@ -138,13 +139,13 @@ def saved_failure(tmp_path, test: str, impl: str, dtype: str = "float64", **argu
     kwargs = {"impl": load_implementation(impl), "device": "cpu", "dtype": dtype, **arguments}
     with pytest.raises(ConformanceFailure) as raised:
         inner(**kwargs)
-    repro.remember_call(raised.value, inner, kwargs)
-    return repro.save(raised.value.evidence, tmp_path), raised.value.clause
+    evidence.remember_call(raised.value, inner, kwargs)
+    return evidence.save(raised.value.evidence, tmp_path), raised.value.clause
 
 
 def replayed(path: Path, impl: str | None = None) -> tuple[int, str]:
     lines: list[str] = []
-    status = repro.replay_and_report(repro.load(path), impl, lines.append)
+    status = replay.replay_and_report(replay.load(path), impl, lines.append)
     return status, "\n".join(lines)
 
 
@@ -196,16 +197,16 @@ def test_a_relation_is_replayed_through_the_propertys_own_body(tmp_path):
     """The failed case alone agrees with the oracle (the shifted call is the one off): only calling the property
     again with its saved arguments (the case and the shift) reproduces the verdict."""
     path, clause = saved_failure(tmp_path, *KINDS["relation"][:2], **KINDS["relation"][3]())
-    saved = repro.load(path)
+    saved = replay.load(path)
     assert clause == "softmax.shift-invariance" and saved.kwargs["shift"] == -7.0
-    checks.Judge(load_implementation(KINDS["relation"][1]), "float64", "cpu").check(saved.case)  # passes alone
+    verdict.Judge(load_implementation(KINDS["relation"][1]), "float64", "cpu").check(saved.case)  # passes alone
     assert replayed(path)[0] == 1
 
 
 def test_a_replay_rebuilds_every_keyword_and_array_as_it_was(tmp_path):
     arguments = KINDS["variant keywords"][3]()
     path, _ = saved_failure(tmp_path, *KINDS["variant keywords"][:2], **arguments)
-    saved = repro.load(path)
+    saved = replay.load(path)
     case, original = saved.kwargs["case"], arguments["case"]
     assert case.label == original.label and case.clauses == original.clauses
     assert case.inputs["window"] == (1, 1) and isinstance(case.inputs["window"], tuple)
@@ -230,7 +231,7 @@ class ScaleIgnoredInEveryDtype:
 def test_a_16_bit_case_replays_the_inputs_the_run_rounded(tmp_path, dtype):
     path, clause = saved_failure(tmp_path, KINDS["sdpa"][0], "tests.test_repro:ScaleIgnoredInEveryDtype", dtype=dtype,
                                  **KINDS["sdpa"][3]())
-    saved = repro.load(path)
+    saved = replay.load(path)
     assert str(saved.case.rounded(dtype)["q"].dtype) == dtype and saved.meta["dtype"] == dtype
     status, out = replayed(path)
     assert status == 1 and f"FAILED [{clause}]" in out and f"cpu/{dtype}" in out, out
@@ -251,11 +252,11 @@ def test_gradients_replay(tmp_path):
 
 def test_a_case_judged_without_a_tests_arguments_replays_through_its_judge(tmp_path):
     """A fixture, a large shape or a case drawn with st.data(): no call to replay, the judge's verdict instead."""
-    judge = checks.Judge(load_implementation("zoo.broken_scale_ignored"), "float32", "cpu")
+    judge = verdict.Judge(load_implementation("zoo.broken_scale_ignored"), "float32", "cpu")
     with pytest.raises(ConformanceFailure) as raised:
         judge.check(sdpa_case(("sdpa.scale-explicit",), scale=2.0))
-    path = repro.save(raised.value.evidence, tmp_path)
-    assert repro.load(path).kwargs is None
+    path = evidence.save(raised.value.evidence, tmp_path)
+    assert replay.load(path).kwargs is None
     status, out = replayed(path)
     assert status == 1 and "FAILED [sdpa.scale-explicit]" in out, out
 
@@ -264,34 +265,34 @@ def test_a_large_case_is_saved_whole(tmp_path):
     """64 x 32 elements and more once printed "inputs too large to print"; now every failure has its file."""
     path, _ = saved_failure(tmp_path, *KINDS["sdpa"][:2], case=sdpa_case(("sdpa.scale-explicit",), lq=96, lk=640,
                                                                          scale=0.3))
-    saved = repro.load(path)
+    saved = replay.load(path)
     assert saved.case.inputs["k"].shape == (1, 1, 640, 4) and replayed(path)[0] == 1
-    script = repro.python_script(saved)
+    script = replay.python_script(saved)
     assert "np.array(" not in script and str(path.resolve()) in script  # read from the file, not printed
     shown = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert float(re.search(r"max abs error (\S+)", shown.stdout).group(1)) > 1e-3, shown.stdout + shown.stderr
 
 
 def test_ids_are_short_stable_and_distinct():
-    first = repro.repro_id("t[a]", "mod", "cpu", "float32", "sdpa.definition", "case 1")
-    assert first == repro.repro_id("t[a]", "mod", "cpu", "float32", "sdpa.definition", "case 1")
-    assert repro.ID_PATTERN.match(first)
-    others = {repro.repro_id("t[b]", "mod", "cpu", "float32", "sdpa.definition", "case 1"),
-              repro.repro_id("t[a]", "mod", "cpu", "float64", "sdpa.definition", "case 1"),
-              repro.repro_id("t[a]", "mod", "cpu", "float32", "sdpa.definition", "case 2")}
+    first = evidence.repro_id("t[a]", "mod", "cpu", "float32", "sdpa.definition", "case 1")
+    assert first == evidence.repro_id("t[a]", "mod", "cpu", "float32", "sdpa.definition", "case 1")
+    assert evidence.ID_PATTERN.match(first)
+    others = {evidence.repro_id("t[b]", "mod", "cpu", "float32", "sdpa.definition", "case 1"),
+              evidence.repro_id("t[a]", "mod", "cpu", "float64", "sdpa.definition", "case 1"),
+              evidence.repro_id("t[a]", "mod", "cpu", "float32", "sdpa.definition", "case 2")}
     assert first not in others and len(others) == 3
 
 
 def test_a_bare_id_is_found_in_pytests_cache_here_or_above(tmp_path):
-    cache = repro.default_directories(tmp_path)[0]
+    cache = evidence.default_directories(tmp_path)[0]
     cache.mkdir(parents=True)
     (cache / "0123456789.npz").write_bytes(b"")
     (tmp_path / "sub").mkdir()
-    assert repro.find("0123456789", tmp_path / "sub") == cache / "0123456789.npz"
-    with pytest.raises(repro.ReproError, match="no repro abcdefabcd"):
-        repro.find("abcdefabcd", tmp_path)
-    with pytest.raises(repro.ReproError, match="neither a repro ID"):
-        repro.find("not-an-id", tmp_path)
+    assert evidence.find("0123456789", tmp_path / "sub") == cache / "0123456789.npz"
+    with pytest.raises(evidence.ReproError, match="no repro abcdefabcd"):
+        evidence.find("abcdefabcd", tmp_path)
+    with pytest.raises(evidence.ReproError, match="neither a repro ID"):
+        evidence.find("not-an-id", tmp_path)
     missing = repro_command("abcdefabcd", cwd=tmp_path)
     assert missing.returncode == 2 and "no repro abcdefabcd" in missing.stderr
 
@@ -301,15 +302,15 @@ def test_several_verdicts_of_one_test_each_get_a_block_and_a_file(tmp_path, monk
     """Hypothesis's group of distinct failures, and a failure whose shrinking ran out of time."""
     from types import SimpleNamespace
 
-    from attention_conformance.conformance import failure_block
-    from attention_conformance.conformance.properties import ShrinkingStopped
+    from attention_conformance.conformance.harness.properties import ShrinkingStopped
+    from attention_conformance.conformance.reporting import failure_block
 
-    monkeypatch.setitem(repro._STATE, "directory", tmp_path)
+    monkeypatch.setitem(evidence._STATE, "directory", tmp_path)
     failures = []
     for spec, clauses, options in (("zoo.broken_scale_ignored", ("sdpa.scale-explicit",), {"scale": 2.0}),
                                    ("zoo.broken_sdpa_no_scale", ("sdpa.scale-default",), {})):
         with pytest.raises(ConformanceFailure) as raised:
-            checks.Judge(load_implementation(spec), "float64", "cpu").check(sdpa_case(clauses, **options))
+            verdict.Judge(load_implementation(spec), "float64", "cpu").check(sdpa_case(clauses, **options))
         failures.append(raised.value)
     item = SimpleNamespace(config=SimpleNamespace(option=SimpleNamespace(tbstyle="auto")),
                            location=("conformance/test_properties.py", 41, "test_x"))

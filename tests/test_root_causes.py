@@ -1,8 +1,8 @@
 """One root cause per message (conformance/root_causes.py): the factors failures share become one line each."""
 from __future__ import annotations
 
-from attention_conformance.conformance.report import CaseRecord
-from attention_conformance.conformance.root_causes import factors, raised, root_causes
+from attention_conformance.conformance.judging.records import CaseRecord
+from attention_conformance.conformance.reporting.root_causes import factors, raised, root_causes
 
 RAISES = ("  problem  the implementation raised RuntimeError: Explicit attn_mask should not be set when "
           "is_causal=True (at /x/wrapper.py:12)")
@@ -158,7 +158,7 @@ def test_a_cause_of_two_factors_or_of_values_names_no_declaration():
 
 
 def test_multi_head_attention_failures_get_the_projection_bias_they_share():
-    """A held-out module added the in-projection bias to q only (b_v dropped): 31 failures under 9 clauses and no
+    """An independent module added the in-projection bias to q only (b_v dropped): 31 failures under 9 clauses and no
     cause line, since only sdpa labels were read. Its cases with in-projection biases fail, the others pass."""
     def mha(bias, h=2, causal=False):
         return f"B2 H{h} Lq3 Lk5 E4 E_kv4 Dk2 Dv2 bias={bias} mask=none{' causal' if causal else ''}"
@@ -174,7 +174,7 @@ def test_multi_head_attention_failures_get_the_projection_bias_they_share():
 
 def test_a_refusal_where_dv_differs_from_dk_is_named_with_it():
     """torch 2.13 (CPU) raises for a mask with is_causal only where Dv != Dk: a run that drew a boolean such case and
-    a passing float one with Dv = Dk named no condition (CI, stop 44), which made README's example flaky."""
+    a passing float one with Dv = Dk named no condition (CI, 2026-11-27), which made README's example flaky."""
     def dims(mask, dv):
         return label(mask, True).replace("Dv8", f"Dv{dv}")
 

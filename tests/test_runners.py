@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import jsonschema
 import pytest
 
-from attention_conformance.conformance import baseline, coverage, merge, merged_html, shards
+from attention_conformance.conformance.reporting import baseline, coverage, merge, merge_cli, merged_html, shards
 from attention_conformance.conformance.specdata import ROOT
 
 # Each end-to-end test starts pytest several times (about 4 s of CPU each): past the default 120 s under load.
@@ -128,7 +128,7 @@ def test_a_run_compared_with_itself_is_no_change_and_a_broken_release_names_what
     assert "Compared with the baseline" in page and "Newly broken (" in page
     # The merge command compares too; with --fail-on-regression the new breakage fails it.
     merged_args = [str(runs.path / "release2.json"), "--baseline", str(old)]
-    assert merge.main(merged_args) == 0 and merge.main([*merged_args, "--fail-on-regression"]) == 1
+    assert merge_cli.main(merged_args) == 0 and merge_cli.main([*merged_args, "--fail-on-regression"]) == 1
 
     # --fail-on-regression: only new breakage fails; the same breakage again passes.
     done, report = run_suite(runs.path, "release2-again", RELEASE_2, "--baseline", str(runs.path / "release2.json"),
@@ -149,7 +149,7 @@ def test_a_report_from_before_op_and_spec_hash_is_still_a_baseline(runs):
 
 
 def test_fail_on_regression_keeps_errors_and_needs_a_baseline(monkeypatch):
-    from attention_conformance.conformance.report import ConformanceFailure
+    from attention_conformance.conformance.judging.messages import ConformanceFailure
 
     config = SimpleNamespace(stash={}, getoption=lambda name, default=None: default)
     monkeypatch.setattr(baseline, "VERDICT_FAILURES", {"t[a]"})
@@ -213,8 +213,8 @@ H200_REPORT = ROOT / "docs" / "gpu-runs" / "2026-11-27-h200" / "run2-report.json
 
 
 def test_a_real_cuda_report_merges_with_a_cpu_one(runs):
-    """The report of the suite's run on an H200 (16 workers, stopped by SIGTERM at 98 % of its items, before this
-    session's mends: docs/gpu-runs/2026-11-27-h200) beside this CPU run: two environments, each device its own cells,
+    """The report of the suite's run on an H200 (16 workers, stopped by SIGTERM at 98 % of its items, before the mends
+    that followed it: docs/gpu-runs/2026-11-27-h200) beside this CPU run: two environments, each device its own cells,
     the GPU's failures in its cells only, and the merge incomplete as the GPU run was."""
     gpu = json.loads(gzip.decompress(H200_REPORT.read_bytes()))
     validate(gpu)
@@ -254,7 +254,7 @@ def test_a_shard_that_judged_nothing_of_an_implementation_is_left_to_the_merge(r
     # In the shard: rule 2 only (it needs the whole selection, which every shard sees); rules 1 and 3 wait.
     monkeypatch.setattr(coverage, "WHOLE_RUN", {"runnable": {("x", "sdpa")}, "collected": 3, "sharded": True})
     monkeypatch.setattr(coverage, "RUNNABLE", set())
-    monkeypatch.setattr(coverage.checks, "RECORDS", [])
+    monkeypatch.setattr(coverage, "RECORDS", [])
     config = SimpleNamespace(getoption=lambda name, default=None: 1 if name == "min_judged" else default)
     impls = [SimpleNamespace(name="x"), SimpleNamespace(name="named_but_unrunnable")]
     lines = coverage.problems(config, impls, {"named_but_unrunnable"}, lambda impl: "no GPU here")

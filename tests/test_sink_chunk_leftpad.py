@@ -1,17 +1,17 @@
-"""How the suite handles the issue-25 keywords (README "The contract"; spec/clauses.yaml sdpa.learnable-sink ...
-sdpa.key-leftpad): they reach an implementation in the contract's dtypes and only when used, a row without keys is 0
-with a sink whatever FULLY_MASKED_ROWS says, the sink's tolerance term only adds, and each feature's bug is filed
-under its clause with a repro that shows it."""
+"""How the suite handles the sink, chunk and left-padding keywords (README "The contract"; spec/clauses.yaml
+sdpa.learnable-sink ... sdpa.key-leftpad): they reach an implementation in the contract's dtypes and only when used, a
+row without keys is 0 with a sink whatever FULLY_MASKED_ROWS says, the sink's tolerance term only adds, and each
+feature's bug is filed under its clause with a repro that shows it."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle, tolerances
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.implementations import load_implementation
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import oracle, tolerances
+from attention_conformance.implementations.registry import load_implementation
 from zoo import correct_sink_chunk_leftpad_reference as reference
 
 from .test_variant_judging import filed_under_and_reproduced

@@ -70,7 +70,7 @@ def test_the_limit_names_the_call_it_interrupted():
     implementation. Now it names the call the test was waiting for, and nothing once that call returned."""
     import time
 
-    from attention_conformance.conformance import time_limit
+    from attention_conformance.conformance.judging import time_limit
 
     time_limit.waiting_for(("torch_flex", "B1 Hq2/Hkv2 Lq65 Lk65 Dk256 Dv256 mask=bool-full", time.monotonic() - 85.0))
     try:

@@ -1,4 +1,4 @@
-"""How the judge handles the variant keywords (README "The contract", issue 17): padding rows are not judged,
+"""How the judge handles the variant keywords (README "The contract"): padding rows are not judged,
 a missing keyword is unsupported, the keywords reach the implementation in the contract's dtypes, and a
 variant bug is filed under its clause with a repro that shows it."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.implementations import load_implementation
-from attention_conformance.implementations._registry import from_object
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.harness import checks
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import oracle
+from attention_conformance.implementations.registry import from_object, load_implementation
 from zoo import correct_variants_reference as reference
 
 # kept_records: these judges record cases that the session's own summary and report must not count.
@@ -143,7 +143,7 @@ def test_the_correct_member_passes_the_same_cases():
 def test_variant_tolerance_terms_only_add(dtype):
     """spec/tolerances.yaml, variants: softcap and ALiBi add per-score terms; windows, offsets and lengths add none,
     and a case without variants keeps exactly the allowance it had."""
-    from attention_conformance.conformance import tolerances
+    from attention_conformance.conformance.reference import tolerances
 
     rng = np.random.default_rng(5)
     q, k, v = rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((1, 1, 6, 4)), rng.standard_normal((1, 1, 6, 4))
@@ -184,14 +184,13 @@ def test_a_variant_bug_in_a_case_drawn_for_another_variant_is_filed_under_its_ow
 
 def test_a_property_about_one_keyword_needs_that_keyword_alone():
     """An sdpa with alibi_slopes and no query_offset (jax_dpa's window and slopes, many kernels' ALiBi) is judged by
-    the ALiBi and window properties at offset 0; until stop 44 both were skipped for the missing offset. The
+    the ALiBi and window properties at offset 0, not skipped for the missing offset. The
     combined-order property needs two variant keywords the implementation runs."""
-    from attention_conformance.conformance import test_variants
-    from attention_conformance.conformance.strategies import VARIANTS
+    from attention_conformance.conformance.cases.variants import VARIANTS
 
     alibi_only = load_implementation("zoo.broken_alibi_gqa_head_order")
-    assert test_variants.needs("alibi_slopes")(alibi_only) is None
-    assert "query_offset" in test_variants.needs("alibi_slopes", "query_offset")(alibi_only)
-    assert "fewer than 2" in test_variants.needs(combined=VARIANTS, at_least=2)(alibi_only)
-    assert test_variants.needs("window")(load_implementation("builtin:jax_dpa")) is None
-    assert test_variants.needs(combined=VARIANTS, at_least=2)(load_implementation("builtin:torch_sdpa")) is None
+    assert checks.needs_keywords("alibi_slopes")(alibi_only) is None
+    assert "query_offset" in checks.needs_keywords("alibi_slopes", "query_offset")(alibi_only)
+    assert "fewer than 2" in checks.needs_keywords(combined=VARIANTS, at_least=2)(alibi_only)
+    assert checks.needs_keywords("window")(load_implementation("builtin:jax_dpa")) is None
+    assert checks.needs_keywords(combined=VARIANTS, at_least=2)(load_implementation("builtin:torch_sdpa")) is None

@@ -8,16 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_conformance.conformance import oracle
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.covering import DeterministicDraw, building, covering_hints
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.conformance.strategies import GARBAGE_V_SIGMA, paged_cases, varlen_cases
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.cases.covering import DeterministicDraw, building, covering_hints
+from attention_conformance.conformance.cases.sequences import GARBAGE_V_SIGMA, paged_cases, varlen_cases
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.reference import oracle
 from attention_conformance.conformance.test_varlen import padded_batch
-from attention_conformance.implementations import ImplementationLoadError, load_implementation
-from attention_conformance.implementations._region import EVERYTHING
-from attention_conformance.implementations._registry import from_object
+from attention_conformance.implementations.region import EVERYTHING
+from attention_conformance.implementations.registry import ImplementationLoadError, from_object, load_implementation
 from zoo import correct_varlen_paged_reference as reference
 
 from .test_variant_judging import filed_under_and_reproduced
@@ -132,8 +131,8 @@ def test_equal_lengths_holds_for_every_packed_sequence():
     sequence with Lq_b != Lk_b is outside its region."""
     from hypothesis import HealthCheck, given, settings
 
-    from attention_conformance.conformance.strategies import drawing_inside
-    from attention_conformance.implementations._region import parse_region
+    from attention_conformance.conformance.cases.drawing import drawing_inside
+    from attention_conformance.implementations.region import parse_region
 
     region, drawn = parse_region({"equal_lengths": True}), []
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attention_conformance.conformance.cases import Case
-from attention_conformance.conformance.checks import Judge
-from attention_conformance.conformance.report import ConformanceFailure
-from attention_conformance.implementations import load_implementation
-from attention_conformance.implementations._registry import from_object
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.judging import records
+from attention_conformance.conformance.judging.messages import ConformanceFailure
+from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.implementations.registry import from_object, load_implementation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_the_repro_of_a_non_finite_output_shows_it(kept_records):
 
 
 def test_the_repro_of_a_correct_implementation_prints_zero_error(kept_records):
-    from attention_conformance.conformance.report import repro
+    from attention_conformance.conformance.judging.messages import repro
 
     x = np.array([[800.0, 0.0, -np.inf], [1.0, 2.0, 3.0]])
     snippet = repro("builtin:numpy_native", "softmax", {"x": x}, "float64", "cpu")
@@ -103,7 +103,7 @@ def test_a_key_whose_float64_weight_underflows_still_counts_under_a_large_bfloat
 def gradient_failure(spec: str):
     """The failure (pytest's ExceptionInfo) of a torch implementation's gradients on a small case."""
     pytest.importorskip("torch")
-    from attention_conformance.conformance.test_gradients import GradientJudge, judge_gradients
+    from attention_conformance.conformance.judging.gradient_verdicts import GradientJudge, judge_gradients
 
     case = sdpa_case(("grad.sdpa-q",))
     case.inputs["d_out"] = np.random.default_rng(8).standard_normal((1, 1, 3, 2))
@@ -115,13 +115,12 @@ def gradient_failure(spec: str):
 
 def test_a_gradient_beyond_its_tolerance_is_kept_with_its_ratio(kept_records):
     """A failed gradient case carries its error, allowed error and ratio, so the report's plot draws it above 1."""
-    from attention_conformance.conformance import checks
 
     raised = gradient_failure("zoo.broken_backward_dk_no_scale")
     record = raised.value.record
     assert raised.value.clause == "grad.sdpa-k" and record.status == "failed"
     assert record.ratio > 1 and record.max_abs_error > record.allowed > 0
-    assert [rec for rec in checks.RECORDS if rec.status == "failed"] == [record]
+    assert [rec for rec in records.RECORDS if rec.status == "failed"] == [record]
 
 
 def test_a_nan_gradient_is_named_as_non_finite(kept_records):

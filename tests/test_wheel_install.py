@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import textwrap
 from importlib import metadata
 from pathlib import Path
 
@@ -103,9 +102,10 @@ def user_project(tmp_path_factory) -> Path:
 def test_the_suite_comes_from_the_wheel_with_its_data(venv, user_project):
     probe = ("import attention_conformance, conformance, implementations\n"
              "from attention_conformance.conformance import specdata\n"
-             "print(attention_conformance.__file__); print(len(specdata.clauses()), len(specdata.fixtures()))\n"
+             "from attention_conformance.conformance.cases import fixtures\n"
+             "print(attention_conformance.__file__); print(len(specdata.clauses()), len(fixtures.fixtures()))\n"
              "print(conformance.OWN, implementations.OWN)\n"
-             "from attention_conformance.conformance import shards; print(len(shards.read_durations(None)[0]))")
+             "from attention_conformance.conformance.reporting import shards; print(len(shards.read_durations(None)[0]))")
     done = run([venv / "bin" / "python", "-c", probe], cwd=user_project)
     assert done.returncode == 0, done.stderr
     location, counts, own, durations = done.stdout.splitlines()

@@ -12,8 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from attention_conformance.conformance import plugin
+from attention_conformance.conformance.cases import fixtures
+from attention_conformance.conformance.harness import session
 from attention_conformance.conformance.specdata import ROOT
-from attention_conformance.implementations._registry import from_object
+from attention_conformance.implementations.registry import from_object
 
 pytestmark = pytest.mark.selfcheck
 
@@ -90,7 +92,7 @@ def test_off_or_a_users_cache_leaves_jax_alone(clean_environment, cache, preset)
 
 def test_loading_the_builtins_imports_no_framework():
     # The xdist controller loads every implementation but runs no case: torch and JAX are imported by the workers.
-    probe = ("import sys; from attention_conformance.implementations._registry import builtin_implementations; "
+    probe = ("import sys; from attention_conformance.implementations.registry import builtin_implementations; "
              "impls = builtin_implementations(); assert impls; "
              "print(sorted(m for m in ('torch', 'jax') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -100,7 +102,7 @@ def test_loading_the_builtins_imports_no_framework():
 
 def torch_like_on_cpu_only(monkeypatch, dtypes):
     """A torch sdpa-only implementation on a machine with a CPU and no GPU, and a config running it."""
-    from attention_conformance.implementations._registry import from_object
+    from attention_conformance.implementations.registry import from_object
 
     class TorchLike:
         ARRAY = "torch"
@@ -113,7 +115,7 @@ def torch_like_on_cpu_only(monkeypatch, dtypes):
     impl = from_object(TorchLike, "torch_like", "tests:TorchLike")
     monkeypatch.setattr(impl, "devices", lambda: ["cpu"])
     config = SimpleNamespace(getoption=lambda name: {"device": "all", "dtype": []}[name],
-                             stash={plugin.IMPLS_KEY: [impl]})
+                             stash={session.IMPLS_KEY: [impl]})
     return impl, config
 
 
@@ -140,7 +142,7 @@ def test_what_cannot_run_is_one_skipped_item_per_device_not_one_per_dtype(monkey
     assert rows.count("torch_like-cuda") == 1
     assert {"torch_like-cpu-softmax", "torch_like-cpu-multi_head_attention"} <= set(rows)
     assert len([r for r in rows if r.endswith("torch_like-cpu-float32")]) == len(
-        [fx for fx in plugin.fixtures() if fx.op == "sdpa" and fx.runs_in("float32")])
+        [fx for fx in fixtures.fixtures() if fx.op == "sdpa" and fx.runs_in("float32")])
 
 
 @pytest.mark.parametrize("spec, max_examples, judged, floor, expected", [
@@ -150,7 +152,7 @@ def test_what_cannot_run_is_one_skipped_item_per_device_not_one_per_dtype(monkey
 ])
 def test_compiled_implementations_draw_a_tenth_of_the_random_examples(spec, max_examples, judged, floor, expected):
     """The budget of random examples after the covering set (conformance/properties.py, random_examples)."""
-    from attention_conformance.conformance.properties import random_examples
+    from attention_conformance.conformance.harness.properties import random_examples
 
     # ARRAY="jax" compiles per input signature; so does a declared COMPILED=True (torch.compile, say).
     attributes = {"ARRAY": "jax"} if spec == "jax" else ({"COMPILED": True} if spec == "compiled" else {})
@@ -162,14 +164,15 @@ def test_a_test_that_does_not_apply_is_skipped_at_collection_not_expected_judged
     """A test's applies_to marker (property_test(requires=...)) decides at collection: the item is skipped with the
     reason, so the coverage rule never counts it runnable (test_gradients.py run alone had failed the rule for the
     NumPy built-ins and a forward-only flex)."""
-    from attention_conformance.conformance.test_gradients import _without_autodiff, test_sdpa_gradients
+    from attention_conformance.conformance.harness.checks import without_autodiff
+    from attention_conformance.conformance.test_gradients import test_sdpa_gradients
 
     impl, config = torch_like_on_cpu_only(monkeypatch, ("float32",))
     (marker,) = [m for m in test_sdpa_gradients.pytestmark if m.name == "applies_to"]
-    (applies,) = marker.args  # property_test's applicability: requires=_without_autodiff, then derived cases
-    assert applies(impl) is None is _without_autodiff(impl)
+    (applies,) = marker.args  # property_test's applicability: requires=without_autodiff, then derived cases
+    assert applies(impl) is None is without_autodiff(impl)
     monkeypatch.setattr(impl, "gradients", False)
-    assert applies(impl) == _without_autodiff(impl)
+    assert applies(impl) == without_autodiff(impl)
     params = {p.id: p for p in plugin.implementation_params(config, "sdpa", applies)}
     (mark,) = params["torch_like-cpu"].marks
     assert mark.kwargs["reason"] == "torch_like declares GRADIENTS = False (a forward-only sdpa)"

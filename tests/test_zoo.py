@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import zoo
-from attention_conformance.implementations import load_implementation
+from attention_conformance.implementations.registry import load_implementation
 
 from .battery import run_battery
 

@@ -4,12 +4,12 @@ benchmarks/tf32_calibration.py.
 float32 only; every matmul input (q, k, the weights P, v; in multi-head attention also the projections' inputs and
 weights) rounded to TF32 (zoo/kernel_correct.to_tf32: 10 mantissa bits, round to nearest even), float32 accumulation;
 masked scores filled with -0.7 * finfo(float32).max as JAX does, so a row whose every key is removed averages v. On
-the H100 scenarios of ../shared/gpu-evidence/kernels-characterized.md this computation gives JAX's measured TF32
-errors to three digits (benchmarks/tf32_calibration.py). ``Declared`` says all of that (FLOAT32_MATMUL,
-FULLY_MASKED_ROWS, the ready-made deviation), as the jax_dpa built-in does on cuda; ``Undeclared`` is the same
-computation claiming IEEE float32, ``DeclaredTruncated`` truncates to TF32 instead of rounding (declared: correct
-too), and ``Bfloat16Inputs`` rounds the matmul inputs to bfloat16 (8 mantissa bits:
-torch's float32_matmul_precision "medium") while declaring TF32: the suite must reject both.
+the H100 scenarios measured 2026-11-23 (one NVIDIA H100 80GB, jax 0.11.2 with the CUDA 13 plugin; 72 float32
+scenarios) this computation gives JAX's measured TF32 errors to three digits (benchmarks/tf32_calibration.py).
+``Declared`` says all of that (FLOAT32_MATMUL, FULLY_MASKED_ROWS, the ready-made deviation), as the jax_dpa built-in
+does on cuda; ``Undeclared`` is the same computation claiming IEEE float32, ``DeclaredTruncated`` truncates to TF32
+instead of rounding (declared: correct too), and ``Bfloat16Inputs`` rounds the matmul inputs to bfloat16 (8 mantissa
+bits: torch's float32_matmul_precision "medium") while declaring TF32: the suite must reject both.
 
 Run them as ``--impl tests.tf32_standins:Declared`` from the repository root.
 """

@@ -7,7 +7,7 @@ it does not expose must be reported unsupported). Each member module exposes
 some of ``softmax``, ``sdpa``, ``multi_head_attention`` and the attributes
 
     BUG                str        one sentence ("none" for correct members)
-    SOURCE             str        where the bug comes from (document + cell, or "issue 3 list")
+    SOURCE             str        where the bug comes from (document + cell, a known bug class, or "zoo extra")
     EXPECTED_CLAUSES   frozenset  clause ids of spec/clauses.yaml (empty for correct members)
     DTYPES, ARRAY, FULLY_MASKED_ROWS   optional, as in the public contract
 

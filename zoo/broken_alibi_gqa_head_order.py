@@ -6,8 +6,8 @@ from zoo import correct_variants_reference as base
 
 BUG = ("with grouped kv heads (1 < Hkv < Hq) query head h = n * G + g gets slope[g * Hkv + n] (the order of "
        "k.repeat, not of repeat_interleave): the identity for MHA and MQA, wrong for GQA.")
-SOURCE = ("held-out hunt h8 (a jitted JAX GQA kernel that laid its slopes out as (G, Hkv)); zoo extra. Its sdpa has "
-          "no query_offset, which until stop 44 left the ALiBi property skipped")
+SOURCE = ("zoo extra: an independently written jitted JAX GQA kernel that laid its slopes out as (G, Hkv) "
+          "(2026-11-27). Its sdpa has no query_offset; the ALiBi property judges it at offset 0")
 EXPECTED_CLAUSES = frozenset({"sdpa.alibi", "sdpa.variant-order"})
 DTYPES = base.DTYPES
 

@@ -3,8 +3,8 @@
 The forward guards rows left without keys (P = 0, output 0), as ``correct_torch_autograd_function`` does; the
 backward recomputes P from the scores without that guard where a float mask removed every key (only the
 boolean mask and the causal band were thought of): exp(-inf - (-inf)) is NaN, and the row's NaN reaches dq,
-dk, dv and dMask even where its upstream gradient is 0. Exact wherever every row keeps a key. Written blind in
-a held-out hunt (stop 45, h11b); it passed a default run, whose gradient cases never had a row without keys.
+dk, dv and dMask even where its upstream gradient is 0. Exact wherever every row keeps a key, so only
+gradient cases with a row without keys reach it (the float-mask gradient property draws them, dO 0 there).
 """
 import torch
 
@@ -12,7 +12,8 @@ from zoo import correct_torch_autograd_function as correct
 
 BUG = ("the backward recomputes P without the forward's guard, so a row a float mask sets to -inf on every key "
        "gives NaN gradients (0/0), dq, dk, dv and dMask alike.")
-SOURCE = "held-out hunt h11b (a torch.autograd.Function whose backward guards bool and causal rows only; zoo extra)"
+SOURCE = ("zoo extra: an independently written torch.autograd.Function whose backward guards bool and causal rows "
+          "only (2026-11-27)")
 EXPECTED_CLAUSES = frozenset({"grad.mask", "grad.sdpa-q", "grad.sdpa-k", "grad.sdpa-v"})
 ARRAY = "torch"
 

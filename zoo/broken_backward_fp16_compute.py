@@ -6,7 +6,7 @@ from zoo.correct_torch_autograd_function import forward_parts, sum_groups
 BUG = ("a torch.autograd.Function whose forward computes in the input dtype (right) but whose backward "
        "casts P, Q, K, V and dO to float16, computes the gradients there and casts them back, "
        "so float32 and float64 gradients carry float16 rounding errors (about 2^13 times float32's).")
-SOURCE = "issue 5 list (a float32 backward computed in float16 must fail); mixed-precision backward kernels"
+SOURCE = "known bug class (a float32 backward computed in float16 must fail); mixed-precision backward kernels"
 EXPECTED_CLAUSES = frozenset({"grad.sdpa-q", "grad.sdpa-k", "grad.sdpa-v", "grad.mask"})
 ARRAY = "torch"
 

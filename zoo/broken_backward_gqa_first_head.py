@@ -6,7 +6,7 @@ from zoo.correct_torch_autograd_function import forward_parts
 BUG = ("a torch.autograd.Function whose forward is right (kv heads repeat_interleave'd) but whose backward "
        "returns, for each kv head, the dk and dv of the first query head of its group instead of the sum "
        "over the group.")
-SOURCE = ("issue 5 list (GQA: the kv gradients sum over the query heads that share them); "
+SOURCE = ("known bug class (GQA: the kv gradients sum over the query heads that share them); "
           "the inverse of repeat_interleave taken as a slice")
 EXPECTED_CLAUSES = frozenset({"grad.gqa-sum"})
 ARRAY = "torch"

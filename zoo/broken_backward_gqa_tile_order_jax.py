@@ -8,8 +8,8 @@ DTYPES = ("float32",)
 BUG = ("the forward repeats kv head j for query heads j*G .. j*G+G-1 (right); the backward folds the per-query-head "
        "dK, dV back with reshape(B, G, Hkv, ...).sum(1), jnp.tile's order, so kv head j sums query heads j, j+Hkv, "
        "...: right when Hkv = 1 or G = 1 only.")
-SOURCE = ("zoo extra (held-out hunt, 2026-11-27): passed every run while a compiling implementation's one brief "
-          "corner had a single kv head")
+SOURCE = ("zoo extra: an independently written JAX custom_vjp (2026-11-27); a compiling implementation's brief "
+          "corners reach it only with grouped kv heads (Hkv 2, G 2), not with a single kv head")
 EXPECTED_CLAUSES = frozenset({"grad.gqa-sum", "grad.sdpa-k", "grad.sdpa-v"})
 
 

@@ -3,8 +3,8 @@
 Correct forward (ARRAY = "torch"). The backward computes dS per query block of 64 rows, as a flash backward
 does, and stores each block's dMask reduced to the mask's shape. Where the mask's query axis is 1 (a key-padding
 mask (B, 1, 1, Lk)) every block writes the same row, and the last block's sum overwrites the others' instead of
-adding to them. Exact for Lq <= 64 and for masks with a query axis of Lq. Written blind in a held-out hunt
-(stop 45, h11b); it passed a default run whose float-mask gradient corners had at most 7 rows.
+adding to them. Exact for Lq <= 64 and for masks with a query axis of Lq: the float-mask gradient
+property's kernel-shaped corner past a query block (Lq 129, Lk 128, a key-padding mask) reaches it.
 """
 import torch
 
@@ -12,7 +12,7 @@ from zoo import correct_torch_autograd_function as correct
 
 BUG = ("the backward runs query blocks of 64 rows and assigns each block's mask gradient, reduced to the mask's "
        "shape, instead of adding it: with a mask whose query axis is 1 and Lq > 64 only the last block's remains.")
-SOURCE = "held-out hunt h11b (a torch.autograd.Function with a blocked backward; zoo extra)"
+SOURCE = "zoo extra: an independently written torch.autograd.Function with a blocked backward (2026-11-27)"
 EXPECTED_CLAUSES = frozenset({"grad.mask"})
 ARRAY = "torch"
 BLOCK_M = 64

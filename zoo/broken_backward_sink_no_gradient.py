@@ -3,7 +3,7 @@ from zoo import correct_torch_variant_backward as base
 
 BUG = ("the backward returns no gradient for the learnable sink (None, as if it were a constant like the ALiBi "
        "slopes): a trained sink never moves.")
-SOURCE = ("issue 25 list (the sink's gradient not flowing): a custom backward written for q, k, v whose return tuple "
+SOURCE = ("known bug class (the sink's gradient not flowing): a custom backward written for q, k, v whose return tuple "
           "leaves the new input's slot None")
 EXPECTED_CLAUSES = frozenset({"grad.learnable-sink"})
 ARRAY = "torch"

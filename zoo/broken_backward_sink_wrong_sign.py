@@ -3,7 +3,7 @@ from zoo import correct_torch_variant_backward as base
 
 BUG = ("the learnable sink's gradient is +sum_b sum_i P_sink (dO . O) instead of minus it: the sink moves the wrong "
        "way in training (raising sigma lowers every key's weight).")
-SOURCE = ("issue 25 list (the sink's gradient of the wrong sign): d P_sink / d sigma = P_sink (1 - P_sink) > 0 is "
+SOURCE = ("known bug class (the sink's gradient of the wrong sign): d P_sink / d sigma = P_sink (1 - P_sink) > 0 is "
           "taken for the loss's derivative, whose chain through the keys' weights (each falls as sigma rises) carries "
           "the minus sign (FlashAttention 4: sink_sum += -sink_prob * dpsum)")
 EXPECTED_CLAUSES = frozenset({"grad.learnable-sink"})

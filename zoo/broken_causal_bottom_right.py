@@ -5,7 +5,7 @@ from zoo import _reference as ref
 
 BUG = ("is_causal is bottom-right aligned (j <= i + Lk - Lq, FlashAttention >= 2.1 "
        "convention) instead of top-left; differs only when Lq != Lk.")
-SOURCE = "issue 3 list (flash-attention README: causal=True is bottom-right since v2.1)"
+SOURCE = "known bug class (flash-attention README: causal=True is bottom-right since v2.1)"
 EXPECTED_CLAUSES = frozenset({"causal.top-left", "causal.bottom-right-explicit"})
 
 

@@ -4,7 +4,7 @@ import numpy as np
 from zoo import _reference as ref
 
 BUG = "is_causal lets query i attend key j for j <= i + 1: one future key leaks into every row."
-SOURCE = "issue 3 list (causal off-by-one, triu diagonal=2 instead of 1)"
+SOURCE = "known bug class (causal off-by-one, triu diagonal=2 instead of 1)"
 EXPECTED_CLAUSES = frozenset({"causal.top-left"})
 
 

@@ -6,8 +6,8 @@ from zoo import _reference as ref
 BUG = ("queries are processed in chunks of 256 rows (memory-efficient attention's query chunking); under is_causal "
        "each chunk's band is built from the row's index inside its chunk, so from row 256 on a row attends the keys "
        "of its chunk-local index, not of its position (exact for Lq <= 256).")
-SOURCE = ("hunt of stop 38 (held-out implementation): passed two default runs, whose causal cases stayed under 257 "
-          "query rows; caught by the covering set's long-query corner (Lq 1025 against 17 keys)")
+SOURCE = ("an independently written kernel with query chunks (2026-11-25): exact while causal cases stay under "
+          "257 query rows; caught by the covering set's long-query corner (Lq 1025 against 17 keys)")
 EXPECTED_CLAUSES = frozenset({"causal.top-left"})
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 CHUNK = 256

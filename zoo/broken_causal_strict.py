@@ -5,7 +5,7 @@ from zoo import _reference as ref
 
 BUG = ("is_causal lets query i attend key j only for j < i: the diagonal is excluded "
        "(row 0 becomes fully masked).")
-SOURCE = "issue 3 list (causal off-by-one, strict inequality)"
+SOURCE = "known bug class (causal off-by-one, strict inequality)"
 EXPECTED_CLAUSES = frozenset({"causal.top-left"})
 
 

@@ -5,9 +5,8 @@ Key tiles of 64 as ``kernel_correct`` visits them; full tiles compare the global
 offsets ``offs_n``, reuses those offsets for the causal comparison. So under is_causal, for Lk > 64 with a
 tail of two keys or more, a query row in the tail tile attends tail keys right of the diagonal (Lq = Lk = 100:
 row 64 attends keys 64..99). Exact where the tail is one key (65, 129: the local 0 is then at or left of every
-row that reaches it), for Lk <= 64 (the tail is tile 0) and for multiples of 64. Written blind from a
-FlashAttention-2 port in a held-out hunt (stop 44); it passed a default run whose tile corners all sat one
-off a block.
+row that reaches it), for Lk <= 64 (the tail is tile 0) and for multiples of 64. Tile corners one off a
+block (65, 129) miss it; the tile property's causal Lq = Lk = 127 corner reaches it.
 """
 import numpy as np
 
@@ -15,7 +14,7 @@ from zoo import kernel_correct as kernel
 
 BUG = ("under is_causal the partial last key tile of 64 compares the tile-local key index with the row, so for "
        "Lk > 64 with Lk % 64 >= 2 rows in that tile attend keys right of the causal diagonal.")
-SOURCE = "held-out hunt h8 (a NumPy port of a Triton FlashAttention-2 forward; zoo extra)"
+SOURCE = "zoo extra: an independently written NumPy port of a Triton FlashAttention-2 forward (2026-11-27)"
 EXPECTED_CLAUSES = frozenset({"causal.top-left", "sdpa.any-length"})
 DTYPES = kernel.DTYPES
 

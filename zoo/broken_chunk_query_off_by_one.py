@@ -4,7 +4,7 @@ import numpy as np
 from zoo import correct_sink_chunk_leftpad_reference as base
 
 BUG = "the query's chunk is floor((p + 1) / C) while the keys' is floor(j / C): an off-by-one chunk boundary."
-SOURCE = "issue 25 list (an off-by-one chunk boundary; FlashAttention's construct_chunk_mask uses p - p % C)"
+SOURCE = "known bug class (an off-by-one chunk boundary; FlashAttention's construct_chunk_mask uses p - p % C)"
 EXPECTED_CLAUSES = frozenset({"sdpa.attention-chunk", "sdpa.key-leftpad", "mask.fully-masked-row"})
 DTYPES = base.DTYPES
 

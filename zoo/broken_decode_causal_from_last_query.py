@@ -4,8 +4,7 @@ A flash-decoding kernel written for one new token per sequence: for Lq <= 8 agai
 computes the causal key limit once, from the last query (key j kept where j <= Lq - 1), and masks every row
 with it. With one query that is exact; with a few (speculative decoding) each row but the last attends keys
 right of its diagonal. Prefill (Lq > 8), Lk <= 64 and non-causal calls run ``kernel_correct``'s band, exact.
-Written blind in a held-out hunt (stop 45, h11a); it passed a default run, whose causal decode corner had one
-query.
+A causal decode case with one query cannot show it; the causal spec-decode corner (Lq 4 against 193 keys) does.
 """
 import numpy as np
 
@@ -13,7 +12,7 @@ from zoo import kernel_correct as kernel
 
 BUG = ("under is_causal, for Lq <= 8 and Lk > 64 (its decode path), every query row keeps the keys up to the "
        "last query's position: rows before the last attend future keys.")
-SOURCE = "held-out hunt h11a (a NumPy split-KV decode kernel; zoo extra)"
+SOURCE = "zoo extra: an independently written NumPy split-KV decode kernel (2026-11-27)"
 EXPECTED_CLAUSES = frozenset({"causal.top-left"})
 DTYPES = kernel.DTYPES
 DECODE_MAX_LQ = 8

@@ -8,8 +8,8 @@ from zoo import _reference as ref
 BUG = ("for Lq <= 4 against more than 128 keys, the keys are cut into splits of 128 whose partial outputs are "
        "weighted by exp(lse_i), in the accumulator's float32 as a kernel keeps it, without subtracting the largest "
        "lse: once a split's log-sum-exp passes about 88.7 the weights are inf and the output NaN.")
-SOURCE = ("zoo extra (held-out hunt, 2026-11-27): rejected in 1 or 2 of about 1950 cases a run, in 16 bits only, "
-          "until the decode property's large-score corner got a long cache")
+SOURCE = ("zoo extra: an independently written torch decode kernel (2026-11-27); without the long cache of the "
+          "decode property's large-score corner, 1 or 2 of about 1950 cases a run reject it, in 16 bits only")
 EXPECTED_CLAUSES = frozenset({"sdpa.finite", "sdpa.definition", "sdpa.cross-attention"})
 SPLIT = 128
 

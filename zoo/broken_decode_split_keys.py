@@ -5,7 +5,7 @@ from zoo import _reference as ref
 
 BUG = ("for one query (decode) the keys are split into chunks of 64 (split-KV / flash-decoding) and the chunk "
        "outputs are averaged instead of weighted by each chunk's softmax mass: wrong when Lk > 64.")
-SOURCE = "issue 15 (held-out implementation); flash-decoding combines chunks by their log-sum-exp"
+SOURCE = "an independently written implementation; flash-decoding combines chunks by their log-sum-exp"
 EXPECTED_CLAUSES = ref.SDPA_VALUE_CLAUSES
 CHUNK = 64
 

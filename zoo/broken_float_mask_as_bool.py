@@ -6,7 +6,7 @@ from zoo import _reference as ref
 BUG = ("sdpa turns a float mask into a boolean one with mask != 0 (nonzero = attend) "
        "instead of adding it to the scores: 0 entries are dropped, -inf and other "
        "nonzero entries are attended with no bias.")
-SOURCE = "issue 3 list (float masks are additive: torch SDPA attn_mask)"
+SOURCE = "known bug class (float masks are additive: torch SDPA attn_mask)"
 EXPECTED_CLAUSES = frozenset({"mask.float-additive"})
 
 

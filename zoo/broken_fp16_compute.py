@@ -6,7 +6,7 @@ from zoo import _reference as ref
 BUG = ("sdpa declares float32 (and float64) support but silently casts q, k, v to "
        "float16 and computes scores, softmax and output in float16 before casting "
        "back, losing about 3 decimal digits.")
-SOURCE = "issue 3 list (silent precision loss)"
+SOURCE = "known bug class (silent precision loss)"
 EXPECTED_CLAUSES = frozenset({"sdpa.definition"})
 DTYPES = ("float32", "float64")
 

@@ -6,7 +6,7 @@ from zoo import correct_fp8_fa3_emulation as fa3
 
 BUG = ("q, k and v are each scaled by their descale factor twice: the scores by (q_descale * k_descale)^2, the output "
        "by v_descale^2 (right only where every factor is 1)")
-SOURCE = "issue 25 list (an FP8 descale applied twice); a wrapper dequantizing before FlashAttention 3's descaling kernel"
+SOURCE = "known bug class (an FP8 descale applied twice); a wrapper dequantizing before FlashAttention 3's descaling kernel"
 EXPECTED_CLAUSES = frozenset({"sdpa.fp8-descale"})
 DTYPES = fa3.DTYPES
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from zoo import correct_fp8_fa3_emulation as fa3
 
 BUG = "v is dequantized with k_descale instead of v_descale (right only where the two are equal)"
-SOURCE = "issue 25 (FP8 descales); FlashAttention 3 softmax.finalize(v_descale) with the wrong factor"
+SOURCE = "known bug class (FP8 descales); FlashAttention 3 softmax.finalize(v_descale) with the wrong factor"
 EXPECTED_CLAUSES = frozenset({"sdpa.fp8-descale"})
 DTYPES = fa3.DTYPES
 

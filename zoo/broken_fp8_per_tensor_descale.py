@@ -9,7 +9,7 @@ from zoo import correct_fp8_fa3_emulation as fa3
 
 BUG = ("each of q_descale, k_descale, v_descale is read at [0, 0] and applied to every batch element and head: per "
        "tensor instead of per (batch, kv head); right only where all of a tensor's factors are equal")
-SOURCE = "issue 25 list (an FP8 descale per tensor instead of per head); vLLM/FlashInfer per-tensor k_scale, v_scale"
+SOURCE = "known bug class (an FP8 descale per tensor instead of per head); vLLM/FlashInfer per-tensor k_scale, v_scale"
 EXPECTED_CLAUSES = frozenset({"sdpa.fp8-descale"})
 DTYPES = fa3.DTYPES
 

@@ -5,7 +5,7 @@ from zoo import _reference as ref
 
 BUG = ("sdpa expands the kv heads with np.tile, so query head h uses kv head "
        "h % Hkv instead of h // (Hq // Hkv) (repeat_interleave).")
-SOURCE = "issue 3 list (torch SDPA enable_gqa uses repeat_interleave)"
+SOURCE = "known bug class (torch SDPA enable_gqa uses repeat_interleave)"
 EXPECTED_CLAUSES = frozenset({"sdpa.gqa-mapping"})
 
 

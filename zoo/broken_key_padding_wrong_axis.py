@@ -6,7 +6,7 @@ from zoo import _reference as ref
 BUG = ("sdpa swaps the last two axes of a mask whose query axis is 1, so a key padding "
        "mask (B, 1, 1, Lk) is applied as (B, 1, Lk, 1): it masks queries instead of "
        "keys (and fails to broadcast when Lq != Lk).")
-SOURCE = ("issue 3 list; 003_58636e0047490b73.txt 'Masks and Softmax' "
+SOURCE = ("known bug class; 003_58636e0047490b73.txt 'Masks and Softmax' "
           "(source mask reshaped to (batch size, 1, 1, sequence length))")
 EXPECTED_CLAUSES = frozenset({"mask.broadcast"})
 

@@ -5,7 +5,7 @@ from zoo import correct_sink_chunk_leftpad_reference as base
 
 BUG = ("key j sits at j - P but query row i stays at query_offset + i: the causal band (and the window and chunk) "
        "moves key_leftpad keys into the future.")
-SOURCE = ("issue 25 list (a left-pad shifting the causal band wrongly); FlashAttention counts both from the first "
+SOURCE = ("known bug class (a left-pad shifting the causal band wrongly); FlashAttention counts both from the first "
           "real key (construct_local_mask: col - key_leftpad against row + sk - sq, sk the real keys)")
 EXPECTED_CLAUSES = frozenset({"sdpa.key-leftpad", "mask.fully-masked-row"})
 DTYPES = base.DTYPES

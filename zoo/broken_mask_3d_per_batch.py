@@ -4,7 +4,7 @@ import numpy as np
 from zoo import _reference as ref
 
 BUG = "a 3-D mask is given a head axis (mask[:, None]) so its first axis indexes the batch, not the heads."
-SOURCE = "issue 15 (held-out implementation); NumPy/torch broadcasting aligns a 3-D mask from the right"
+SOURCE = "an independently written implementation; NumPy/torch broadcasting aligns a 3-D mask from the right"
 EXPECTED_CLAUSES = frozenset({"mask.broadcast"})
 
 

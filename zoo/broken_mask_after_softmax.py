@@ -6,7 +6,7 @@ from zoo import _reference as ref
 BUG = ("sdpa applies the explicit mask after the softmax (weights * mask, i.e. "
        "weights * exp(bias): 1 keep / 0 drop) and does not renormalise, so the "
        "weights of a masked row no longer sum to 1.")
-SOURCE = ("issue 3 list; 002_0d44a559eab251ab.txt 'Applying a Causal Attention Mask' "
+SOURCE = ("known bug class; 002_0d44a559eab251ab.txt 'Applying a Causal Attention Mask' "
           "insists on 'before the softmax operation'")
 EXPECTED_CLAUSES = frozenset({"mask.before-softmax"})
 

@@ -5,7 +5,7 @@ from zoo import _reference as ref
 
 BUG = ("sdpa reads a boolean mask with True = 'masked out' (the convention of "
        "torch.nn.MultiheadAttention key_padding_mask), the opposite of the contract.")
-SOURCE = ("issue 3 list; 002_0d44a559eab251ab.txt CausalAttention "
+SOURCE = ("known bug class; 002_0d44a559eab251ab.txt CausalAttention "
           "(masked_fill_(self.mask.bool(), -inf): True means masked there)")
 EXPECTED_CLAUSES = frozenset({"mask.bool-true-attends"})
 

@@ -4,7 +4,7 @@ import numpy as np
 from zoo import _reference as ref
 
 BUG = "sdpa broadcasts the mask to (B, Hq, Lq, Lk) but then applies it only to the first batch element."
-SOURCE = "issue 3 list (mask broadcasting over the batch)"
+SOURCE = "known bug class (mask broadcasting over the batch)"
 EXPECTED_CLAUSES = frozenset({"mask.broadcast"})
 
 

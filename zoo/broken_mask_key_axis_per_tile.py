@@ -4,8 +4,8 @@ Key tiles of 64 as ``kernel_correct`` visits them; each tile reads ``mask[..., s
 slice is empty counts as "nothing masked here". A mask of shape (..., Lq, 1) (padded queries: every key of a
 row masked or none) broadcasts over the keys, but its slice is empty from key 64 on: there a padded row attends
 its keys and gets a value instead of the fully masked row's zeros. Exact for every other mask shape, for Lk <= 64
-and for rows the mask keeps. Written blind in a held-out hunt (stop 45, h11b); it passed a default run, whose
-only key-axis-1 mask was the shift-invariance property's float one (finite: no row empty).
+and for rows the mask keeps. A finite float mask of key axis 1 (no row empty) cannot show it; the fully-masked-rows
+property's padded-query mask (B, 1, Lq, 1) at Lq 64, Lk 129 does.
 """
 import numpy as np
 
@@ -13,7 +13,7 @@ from zoo import kernel_correct as kernel
 
 BUG = ("the mask is sliced per key tile of 64 and an empty slice means no mask, so a mask whose key axis is 1 "
        "masks keys 0..63 only: a padded query row past Lk 64 attends the rest.")
-SOURCE = "held-out hunt h11b (a NumPy tiled kernel that slices its mask per key tile; zoo extra)"
+SOURCE = "zoo extra: an independently written NumPy tiled kernel that slices its mask per key tile (2026-11-27)"
 EXPECTED_CLAUSES = frozenset({"mask.fully-masked-row"})
 DTYPES = kernel.DTYPES
 

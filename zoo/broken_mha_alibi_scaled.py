@@ -5,7 +5,7 @@ from zoo import correct_mha_variants_loop as base
 
 BUG = ("multi_head_attention adds each head's ALiBi bias -slope * |p_i - j| to q.k before multiplying by "
        "1/sqrt(Dk), so the bias enters scaled (slopes effectively divided by sqrt(Dk)).")
-SOURCE = ("issue 25 list (ALiBi inside MHA); BLOOM's attention computes baddbmm(alibi, q, k^T, beta=1.0, "
+SOURCE = ("known bug class (ALiBi inside MHA); BLOOM's attention computes baddbmm(alibi, q, k^T, beta=1.0, "
           "alpha=1/sqrt(head_dim)): the bias must take beta = 1, not the scores' alpha")
 EXPECTED_CLAUSES = frozenset({"sdpa.alibi", "mha.variants"})
 DTYPES = base.DTYPES

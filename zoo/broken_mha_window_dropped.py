@@ -3,7 +3,7 @@ from zoo import correct_mha_variants_loop as base
 
 BUG = ("multi_head_attention accepts window= but the per-head attention runs without it: every key the window "
        "should remove is attended (the wrapper forwards mask and is_causal only).")
-SOURCE = ("issue 25 list (MHA drops the window after the projections): a wrapper whose signature grew a keyword "
+SOURCE = ("known bug class (MHA drops the window after the projections): a wrapper whose signature grew a keyword "
           "that its call of the inner attention does not pass on")
 EXPECTED_CLAUSES = frozenset({"sdpa.window", "mha.variants"})
 DTYPES = base.DTYPES

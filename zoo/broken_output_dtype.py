@@ -4,7 +4,7 @@ import numpy as np
 from zoo import _reference as ref
 
 BUG = "sdpa returns its float64 result without casting back, so float32 input gives float64 output."
-SOURCE = "issue 3 list (output dtype must equal q's dtype)"
+SOURCE = "known bug class (output dtype must equal q's dtype)"
 EXPECTED_CLAUSES = frozenset({"sdpa.output-dtype"})
 
 

@@ -4,7 +4,7 @@ from zoo import correct_varlen_paged_reference as base
 
 BUG = ("key j is read from page block_table[b, (j - 1) // block_size] at slot j % block_size: at each page boundary "
        "(j a multiple of the block size) the previous page's slot 0 is read instead of the new page's.")
-SOURCE = "issue 25 list (off by one page at a page boundary: the page index advanced after the slot instead of with it)"
+SOURCE = "known bug class (off by one page at a page boundary: the page index advanced after the slot instead of with it)"
 EXPECTED_CLAUSES = frozenset({"paged.block-table", "paged.definition", "paged.alignment", "paged.variants"})
 DTYPES = base.DTYPES
 

@@ -4,7 +4,7 @@ from zoo import correct_varlen_paged_reference as base
 BUG = ("key j of sequence b is read from page block_table[b, 0] + j // block_size (the table's first entry, pages "
        "assumed contiguous) instead of block_table[b, j // block_size]: wrong once a sequence spans two pages of a "
        "shuffled pool.")
-SOURCE = "issue 25 list (a block table indexed by the sequence's first block; FlashAttention's tests shuffle pages)"
+SOURCE = "known bug class (a block table indexed by the sequence's first block; FlashAttention's tests shuffle pages)"
 EXPECTED_CLAUSES = frozenset({"paged.block-table", "paged.definition", "paged.alignment", "paged.variants"})
 DTYPES = base.DTYPES
 

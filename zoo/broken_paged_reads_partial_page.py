@@ -3,7 +3,7 @@ from zoo import correct_varlen_paged_reference as base
 
 BUG = ("every slot of a sequence's last used page is attended (ceil(seqused_k / block_size) * block_size keys): the "
        "slots past seqused_k[b] - 1 of a partly filled last page are read.")
-SOURCE = "issue 25 list (reading the last partial page past seqused_k; FlashInfer's kv_last_page_len exists for it)"
+SOURCE = "known bug class (reading the last partial page past seqused_k; FlashInfer's kv_last_page_len exists for it)"
 EXPECTED_CLAUSES = frozenset({"paged.seqused-k", "paged.definition", "paged.block-table", "paged.alignment",
                               "paged.variants"})
 DTYPES = base.DTYPES

@@ -3,7 +3,7 @@
 from zoo import _reference as ref
 
 BUG = "for Lq > 128 the grid has Lq // 128 query blocks (not a ceiling): the last Lq % 128 rows are left zero."
-SOURCE = "issue 15 (held-out implementation); a launch grid of Lq // BLOCK_M instead of cdiv(Lq, BLOCK_M)"
+SOURCE = "an independently written implementation; a launch grid of Lq // BLOCK_M instead of cdiv(Lq, BLOCK_M)"
 EXPECTED_CLAUSES = ref.SDPA_VALUE_CLAUSES
 BLOCK = 128
 

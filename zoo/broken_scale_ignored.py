@@ -4,7 +4,7 @@ import numpy as np
 from zoo import _reference as ref
 
 BUG = "sdpa ignores its scale argument and always multiplies the scores by 1/sqrt(Dk)."
-SOURCE = "issue 3 list (explicit scale: torch SDPA / jax.nn.dot_product_attention `scale`)"
+SOURCE = "known bug class (explicit scale: torch SDPA / jax.nn.dot_product_attention `scale`)"
 EXPECTED_CLAUSES = frozenset({"sdpa.scale-explicit"})
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from zoo import _reference as ref
 
 BUG = "scale=None uses 1/sqrt(Dk rounded up to a multiple of 64) (the padded width the kernel allocates)."
-SOURCE = "issue 15 (held-out implementation); kernels pad head dims to 64/128 internally"
+SOURCE = "an independently written implementation; kernels pad head dims to 64/128 internally"
 EXPECTED_CLAUSES = frozenset({"sdpa.scale-default", "sdpa.definition"})
 
 

@@ -5,8 +5,8 @@ from zoo import _reference as ref
 from zoo.broken_softmax_no_max_sub import naive_softmax
 
 BUG = ("sdpa's softmax computes exp(scores) without subtracting the row maximum, "
-       "so scores around 1e3 overflow exp and the output is NaN.")
-SOURCE = "issue 3 list (torch.softmax and jax.nn.softmax subtract the maximum)"
+       "so scores of about 1e3 overflow exp and the output is NaN.")
+SOURCE = "known bug class (torch.softmax and jax.nn.softmax subtract the maximum)"
 EXPECTED_CLAUSES = frozenset({"softmax.large-inputs"})
 
 

@@ -3,7 +3,7 @@ from zoo import _reference as ref
 from zoo import correct_sink_chunk_leftpad_reference as base
 
 BUG = "the sink logit is added to every key's score (s_ij + sigma_h) instead of entering the normaliser as its own term."
-SOURCE = ("issue 25 list (a sink folded into the scores as a bias); softmax is shift-invariant, so the sink has no "
+SOURCE = ("known bug class (a sink folded into the scores as a bias); softmax is shift-invariant, so the sink has no "
           "effect at all: FlashAttention 3/4 and gpt-oss add exp(sigma - m) to the normaliser")
 EXPECTED_CLAUSES = frozenset({"sdpa.learnable-sink"})
 DTYPES = base.DTYPES

@@ -4,7 +4,7 @@ import numpy as np
 from zoo import correct_sink_chunk_leftpad_reference as base
 
 BUG = "the sink's weight p_sink is given key 0's value: o_i = sum_j p_ij v_j + p_sink v_0 (the sink takes no value)."
-SOURCE = ("issue 25 list (a kernel that stores the sink in the first key slot of its tile and reads that slot's v); "
+SOURCE = ("known bug class (a kernel that stores the sink in the first key slot of its tile and reads that slot's v); "
           "gpt-oss drops the sink column (W[..., :-1]) before @ V")
 EXPECTED_CLAUSES = frozenset({"sdpa.learnable-sink"})
 DTYPES = base.DTYPES

@@ -1,10 +1,9 @@
 """Broken: sink tokens escape the whole window, its right edge included (only its left edge should let them by)."""
-import numpy as np
 
 from zoo import correct_sink_chunk_leftpad_reference as base
 
 BUG = "a sink token is kept whatever the window: (p - left <= j <= p + right) or j is a sink token."
-SOURCE = ("issue 25 list (StreamingLLM sink tokens kept unconditionally); FlashAttention's construct_local_mask "
+SOURCE = ("known bug class (StreamingLLM sink tokens kept unconditionally); FlashAttention's construct_local_mask "
           "exempts them from the left edge only (col < row + sk - sq - window_size[0] and col >= sink_token_length)")
 EXPECTED_CLAUSES = frozenset({"sdpa.sink-tokens", "sdpa.key-leftpad", "mask.fully-masked-row"})
 DTYPES = base.DTYPES

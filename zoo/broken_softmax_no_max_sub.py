@@ -6,7 +6,7 @@ from zoo import _reference as ref
 BUG = ("softmax computes exp(x) / sum(exp(x)) without subtracting the maximum: "
        "exp overflows to inf for x above ~709 (float64) and the result is NaN; "
        "all-large-negative slices underflow to 0/0.")
-SOURCE = "issue 3 list (torch.softmax and jax.nn.softmax subtract the maximum)"
+SOURCE = "known bug class (torch.softmax and jax.nn.softmax subtract the maximum)"
 EXPECTED_CLAUSES = frozenset({"softmax.large-inputs"})
 
 

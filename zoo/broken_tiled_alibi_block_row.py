@@ -5,7 +5,7 @@ from zoo import correct_flash_tiled_variants as tiled
 
 BUG = ("query blocks of 128 rows; ALiBi's distance |p - j| takes p from the row's index inside its query block "
        "(plus query_offset) instead of its index in the sequence: exact for Lq <= 128, wrong from row 128 on.")
-SOURCE = "hunt of stop 37 (held-out implementation): no corner had a query past row 128 with ALiBi"
+SOURCE = "an independently written tiled kernel (2026-11-25): only a query past row 128 with ALiBi reaches it"
 EXPECTED_CLAUSES = frozenset({"sdpa.alibi"})
 DTYPES = tiled.DTYPES
 

@@ -6,8 +6,8 @@ from zoo import correct_flash_tiled_variants as tiled
 BUG = ("query blocks of 128 rows, key blocks of 64; under is_causal a key block wholly below the causal band of a "
        "query block (every key at or before its first row) skips the causal test and, wrongly, the explicit mask: "
        "from row 128 on, masked keys of the first blocks are attended (a float mask's bias is dropped there).")
-SOURCE = ("hunt of stop 37 (held-out implementation): no query block has an interior key block before row 128, "
-          "so every corner passed")
+SOURCE = ("an independently written tiled kernel (2026-11-25): no query block has an interior key block before "
+          "row 128, so corners of at most 128 rows pass it")
 EXPECTED_CLAUSES = frozenset({"causal.top-left", "mask.bool-true-attends", "mask.float-additive"})
 DTYPES = tiled.DTYPES
 

@@ -3,7 +3,7 @@ from zoo import correct_flash_tiled_variants as tiled
 
 BUG = ("key blocks of 64; key_lengths masks keys j >= length only in the last key block, so where a sequence's "
        "length ends before the last block of 64 keys its padding keys in the earlier blocks are attended.")
-SOURCE = "hunt of stop 37 (held-out implementation): caught in one of two default runs"
+SOURCE = "an independently written tiled kernel (2026-11-25): random draws alone caught it in one of two default runs"
 EXPECTED_CLAUSES = frozenset({"sdpa.varlen"})
 DTYPES = tiled.DTYPES
 

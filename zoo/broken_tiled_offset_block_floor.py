@@ -1,9 +1,9 @@
 """Broken: a compiling tiled kernel (blocks of 16) ends each query block's causal key loop at a bound computed from
 query_offset floored to its block, so with query_offset % 16 != 0 the last key block a row reaches is skipped.
 
-A held-out Pallas kernel (``interpret=True``) did so and passed every default run: as a compiling implementation it
-met small corners only (lengths up to 7, no key past 16) and Hypothesis's simplest case. Its variant and query-offset
-properties now run their first brief corner past a query block (129 queries, 192 keys, an offset of 31 there).
+An independently written Pallas kernel (``interpret=True``) did so. As a compiling implementation it meets few small
+corners (lengths up to 7, no key past 16), which cannot show it, and Hypothesis's simplest case; its variant and
+query-offset properties run their first brief corner past a query block (129 queries, 192 keys, an offset of 31 there).
 """
 import numpy as np
 
@@ -11,7 +11,7 @@ from zoo import _reference as ref
 
 BUG = ("the causal key loop of the query block starting at row r ends at key (offset // 16) * 16 + r + 15 instead of "
        "offset + r + 15: rows whose band reaches the last key block lose its keys when offset % 16 != 0.")
-SOURCE = "held-out hunt of stop 42 (a Pallas flash kernel, blocks of 16, under interpret=True)"
+SOURCE = "an independently written Pallas flash kernel, blocks of 16, under interpret=True (2026-11-27)"
 EXPECTED_CLAUSES = frozenset({"sdpa.query-offset", "sdpa.variant-order"})
 DTYPES = ("float64", "float32")
 COMPILED = True  # judged as a kernel under a compiler is: a compile per input signature, few examples

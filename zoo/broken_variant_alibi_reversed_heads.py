@@ -3,7 +3,7 @@ from zoo import _reference as ref
 from zoo import correct_variants_reference as base
 
 BUG = "query head h gets slope[Hq - 1 - h]: the slopes are applied in reversed head order."
-SOURCE = "issue 17 list (slopes per head in the wrong order); ALiBi's geometric slopes are ordered by head"
+SOURCE = "known bug class (slopes per head in the wrong order); ALiBi's geometric slopes are ordered by head"
 EXPECTED_CLAUSES = frozenset({"sdpa.alibi", "sdpa.variant-order"})
 DTYPES = base.DTYPES
 

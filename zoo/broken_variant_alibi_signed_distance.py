@@ -5,7 +5,7 @@ from zoo import _reference as ref
 from zoo import correct_variants_reference as base
 
 BUG = "bias -slope * (p_i - j) without the absolute value: future keys (j > p_i) get a positive bias."
-SOURCE = "issue 17 list (ALiBi sign / distance); the causal-only ALiBi form copied into a bidirectional kernel"
+SOURCE = "known bug class (ALiBi sign / distance); the causal-only ALiBi form copied into a bidirectional kernel"
 EXPECTED_CLAUSES = frozenset({"sdpa.alibi", "sdpa.variant-order"})
 DTYPES = base.DTYPES
 

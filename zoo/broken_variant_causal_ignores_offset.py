@@ -2,7 +2,7 @@
 from zoo import correct_variants_reference as base
 
 BUG = "the causal band keeps j <= i, not j <= query_offset + i: decode against a cache sees only its first keys."
-SOURCE = "issue 17 list (the cache offset applied to the causal band wrongly); FlashAttention's kvcache aligns bottom-right"
+SOURCE = "known bug class (the cache offset applied to the causal band wrongly); FlashAttention's kvcache aligns bottom-right"
 EXPECTED_CLAUSES = frozenset({"sdpa.query-offset", "sdpa.variant-order"})
 DTYPES = base.DTYPES
 

@@ -4,7 +4,7 @@ import numpy as np
 from zoo import correct_variants_reference as base
 
 BUG = "key_lengths are accepted and ignored: keys past an example's length (its padding, or the next sequence) leak in."
-SOURCE = "issue 17 list (a packed batch leaking across sequence boundaries)"
+SOURCE = "known bug class (a packed batch leaking across sequence boundaries)"
 EXPECTED_CLAUSES = frozenset({"sdpa.varlen", "sdpa.variant-order", "mask.fully-masked-row"})
 DTYPES = base.DTYPES
 

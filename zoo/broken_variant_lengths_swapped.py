@@ -2,7 +2,7 @@
 from zoo import correct_variants_reference as base
 
 BUG = "keys j >= query_lengths[b] are masked instead of j >= key_lengths[b]: the length arrays are swapped."
-SOURCE = "issue 17 list (lengths applied to the wrong side); JAX names them query_seq_lengths / key_value_seq_lengths"
+SOURCE = "known bug class (lengths applied to the wrong side); JAX names them query_seq_lengths / key_value_seq_lengths"
 EXPECTED_CLAUSES = frozenset({"sdpa.varlen", "sdpa.variant-order", "mask.fully-masked-row"})
 DTYPES = base.DTYPES
 

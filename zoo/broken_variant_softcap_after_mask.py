@@ -2,7 +2,7 @@
 from zoo import correct_variants_reference as base
 
 BUG = "softcap * tanh(.) is applied to the masked scores: -inf becomes -softcap, masked keys get weight."
-SOURCE = "issue 17 list (softcap applied after the mask); Gemma/FlashAttention cap before masking"
+SOURCE = "known bug class (softcap applied after the mask); Gemma/FlashAttention cap before masking"
 EXPECTED_CLAUSES = frozenset({"sdpa.softcap", "sdpa.variant-order", "sdpa.window", "sdpa.varlen",
                               "mask.fully-masked-row"})
 DTYPES = base.DTYPES

@@ -4,7 +4,7 @@ import numpy as np
 from zoo import correct_variants_reference as base
 
 BUG = "the softcap forgets the inner division: softcap * tanh(s), which saturates at |s| ~ 1 whatever the cap."
-SOURCE = "issue 17 list (softcap); a common slip when porting Gemma's logit softcapping"
+SOURCE = "known bug class (softcap); a common slip when porting Gemma's logit softcapping"
 EXPECTED_CLAUSES = frozenset({"sdpa.softcap", "sdpa.variant-order"})
 DTYPES = base.DTYPES
 

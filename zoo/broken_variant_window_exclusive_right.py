@@ -4,7 +4,7 @@ import numpy as np
 from zoo import correct_variants_reference as base
 
 BUG = "window=(left, right) keeps j < p_i + right instead of j <= p_i + right: the right edge is exclusive."
-SOURCE = "issue 17 list (window edges off by one); FlashAttention's window is inclusive on both sides"
+SOURCE = "known bug class (window edges off by one); FlashAttention's window is inclusive on both sides"
 EXPECTED_CLAUSES = frozenset({"sdpa.window", "sdpa.variant-order"})
 DTYPES = base.DTYPES
 

@@ -1,10 +1,9 @@
 """Broken: the window is aligned at query row i, ignoring query_offset (a sliding window that forgets the cache)."""
-import numpy as np
 
 from zoo import correct_variants_reference as base
 
 BUG = "the window is centred on key i for query row i, not on its position query_offset + i (top-left aligned)."
-SOURCE = "issue 17 list (the cache offset applied wrongly); FlashAttention aligns the window bottom-right"
+SOURCE = "known bug class (the cache offset applied wrongly); FlashAttention aligns the window bottom-right"
 EXPECTED_CLAUSES = frozenset({"sdpa.window", "sdpa.variant-order"})
 DTYPES = base.DTYPES
 

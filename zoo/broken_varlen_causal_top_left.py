@@ -6,7 +6,7 @@ from zoo import correct_varlen_paged_reference as base
 BUG = ("each sequence's queries are placed top-left (query row i at position i) although SEQUENCE_ALIGNMENT is the "
        "default bottom-right (i + Lk_b - Lq_b): wrong wherever a sequence has Lq_b != Lk_b under is_causal, a window "
        "or ALiBi.")
-SOURCE = "issue 25 list (per-sequence causal alignment; flash-attention < 2.1 was top-left, >= 2.1 bottom-right)"
+SOURCE = "known bug class (per-sequence causal alignment; flash-attention < 2.1 was top-left, >= 2.1 bottom-right)"
 EXPECTED_CLAUSES = frozenset({"varlen.alignment", "paged.alignment"})
 DTYPES = base.DTYPES
 

@@ -3,7 +3,7 @@ from zoo import correct_varlen_paged_reference as base
 
 BUG = ("sequence b's keys are taken as cu_seqlens_k[b + 1] keys from cu_seqlens_k[b] (the offset read as a length): "
        "every sequence after the first also attends the keys of the sequences after it.")
-SOURCE = "issue 25 list (cu_seqlens read as lengths; FlashAttention takes offsets, FlashInfer indptr arrays)"
+SOURCE = "known bug class (cu_seqlens read as lengths; FlashAttention takes offsets, FlashInfer indptr arrays)"
 EXPECTED_CLAUSES = frozenset({"varlen.cu-seqlens", "varlen.definition", "varlen.alignment", "varlen.variants",
                               "mask.fully-masked-row"})
 DTYPES = base.DTYPES

@@ -2,7 +2,7 @@
 from zoo import correct_varlen_paged_reference as base
 
 BUG = "seqused_k is ignored: every packed key row of a sequence is attended, the garbage past seqused_k[b] too."
-SOURCE = "issue 25 list (reading past seqused_k; FlashAttention 3's seqused_k keeps the first keys of each sequence)"
+SOURCE = "known bug class (reading past seqused_k; FlashAttention 3's seqused_k keeps the first keys of each sequence)"
 EXPECTED_CLAUSES = frozenset({"varlen.seqused-k", "varlen.definition", "varlen.variants", "varlen.alignment",
                               "mask.fully-masked-row"})
 DTYPES = base.DTYPES

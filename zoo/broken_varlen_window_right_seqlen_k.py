@@ -9,7 +9,7 @@ from zoo import correct_varlen_paged_reference as base
 
 BUG = ("without is_causal, window (left, None) or (left, right >= seqlen_k) keeps j <= p_i + seqlen_k on the right "
        "(seqlen_k: max_seqlen_k, or the table's pages x page size): rows before a short sequence's keys lose keys.")
-SOURCE = "flash-attention issue 895 (window_size_right replaced by seqlen_k; bottom-right sequences with Lq > Lk)"
+SOURCE = "flash-attention issue #895 (window_size_right replaced by seqlen_k; bottom-right sequences with Lq > Lk)"
 EXPECTED_CLAUSES = frozenset({"varlen.variants", "paged.variants", "varlen.alignment", "paged.alignment"})
 DTYPES = base.DTYPES
 

@@ -9,8 +9,8 @@ SPLIT_KEYS keys runs split-KV: partial (max, sum, accumulator) per split of SPLI
 maxima, then the sink. Working precision float32 (float64 for float64 inputs).
 
 ``tiled`` is the body; its hooks are what tiled kernels get wrong past their first block, and the broken members
-``broken_tiled_*`` are ``with_hooks`` with one hook changed (the bugs of the stop-37 hunt that no corner reached:
-each needs a query past row 128 or a cache past 128 keys).
+``broken_tiled_*`` are ``with_hooks`` with one hook changed (bugs of independently written tiled kernels that
+small corners miss: each needs a query past row 128 or a cache past 128 keys).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from attention_conformance.implementations.builtin import NumpyNative
+from attention_conformance.implementations.builtin.numpy_backend import NumpyNative
 
 BUG = "none"
 SOURCE = ("vLLM / FlashInfer FP8 KV caches dequantized to the 16-bit query dtype; flash-attention hopper/test_util.py "

@@ -15,7 +15,7 @@ from zoo import _reference as ref
 from zoo import correct_sink_chunk_leftpad_reference as per_head
 
 BUG = "none"
-SOURCE = "README 'The contract' (multi_head_attention's variant keywords, issue 25); spec/clauses.yaml mha.variants"
+SOURCE = "README 'The contract' (multi_head_attention's variant keywords); spec/clauses.yaml mha.variants"
 EXPECTED_CLAUSES = frozenset()
 # float64 and float32: the self-check runs every fixture and MHA property in each declared dtype (93 s with all four
 # on the 2-core machine); numpy_native and torch_math judge MHA's variants in 16-bit in every default run.

@@ -1,10 +1,10 @@
-"""Correct: learnable sinks, sink tokens, chunked attention and left padding (issue 25), with every older variant.
+"""Correct: learnable sinks, sink tokens, chunked attention and left padding, with every older variant.
 
 Written from the contract (README "The contract"; spec/clauses.yaml sdpa.learnable-sink, sdpa.sink-tokens,
 sdpa.attention-chunk, sdpa.key-leftpad), not from the oracle: positions per example, counted from the first real
 key; the key set as the intersection of one step per feature; the sink as one more term of the normaliser. Float64
-throughout, cast back to q's dtype. The broken issue-25 members (zoo/broken_sink_*.py, broken_chunk_*.py,
-broken_leftpad_*.py) call ``attend`` with one step replaced.
+throughout, cast back to q's dtype. The broken sink, chunk and left-padding members (zoo/broken_sink_*.py,
+broken_chunk_*.py, broken_leftpad_*.py) call ``attend`` with one step replaced.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from zoo import _reference as ref
 from zoo import correct_variants_reference as variants
 
 BUG = "none"
-SOURCE = "README 'The contract' (variant keywords, issues 17 and 25); spec/clauses.yaml sdpa.learnable-sink ... sdpa.key-leftpad"
+SOURCE = "README 'The contract' (variant keywords); spec/clauses.yaml sdpa.learnable-sink ... sdpa.key-leftpad"
 EXPECTED_CLAUSES = frozenset()
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 

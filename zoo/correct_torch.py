@@ -20,7 +20,7 @@ def softmax(x, axis=-1):
     x = torch.as_tensor(x)
     dead = torch.isneginf(x).all(dim=axis, keepdim=True)  # all -inf slice -> zeros
     # The softmax of a dead slice is taken of zeros, not of -inf: softmax(-inf, ...) is NaN, and though the forward
-    # fills it with 0, its backward would carry the NaN into every gradient (PyTorch issue 41508).
+    # fills it with 0, its backward would carry the NaN into every gradient (PyTorch issue #41508).
     return torch.softmax(x.masked_fill(dead, 0), dim=axis).masked_fill(dead, 0)
 
 

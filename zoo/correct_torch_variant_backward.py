@@ -2,9 +2,9 @@
 
 The forward is torch ops in the input dtype: scale q.k, softcap, ALiBi, the float mask, the keys the causal band,
 the window (with its sink tokens), the chunk, the key lengths and the left padding keep (a boolean key set built
-with the issue-25 reference's position steps, zoo/correct_sink_chunk_leftpad_reference.py), softmax with the learnable
-sink in the normaliser, @ v. The backward recomputes the weights from the saved inputs, as flash kernels do, and
-applies the analytic gradients of docs/gradients.md:
+with the sink, chunk and left-padding reference's position steps, zoo/correct_sink_chunk_leftpad_reference.py),
+softmax with the learnable sink in the normaliser, @ v. The backward recomputes the weights from the saved inputs,
+as flash kernels do, and applies the analytic gradients of docs/gradients.md:
 
     dV = P^T dO,  dP = dO V^T,  r = rowsum(dP * P),  dS = P * (dP - r),
     dT = dS * (1 - (S_cap / c)^2) under softcap (dS otherwise),  dQ = scale dT K,  dK = scale dT^T Q,

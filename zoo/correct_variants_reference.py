@@ -11,7 +11,7 @@ import numpy as np
 from zoo import _reference as ref
 
 BUG = "none"
-SOURCE = "README 'The contract' (variant keywords, issue 17); spec/clauses.yaml sdpa.variant-order"
+SOURCE = "README 'The contract' (variant keywords); spec/clauses.yaml sdpa.variant-order"
 EXPECTED_CLAUSES = frozenset()
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 

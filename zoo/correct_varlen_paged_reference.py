@@ -15,7 +15,7 @@ from zoo import correct_sink_chunk_leftpad_reference as sinks
 from zoo import correct_variants_reference as variants
 
 BUG = "none"
-SOURCE = "README 'The contract' (sdpa_varlen, sdpa_paged, issue 25); spec/clauses.yaml varlen.*, paged.*"
+SOURCE = "README 'The contract' (sdpa_varlen, sdpa_paged); spec/clauses.yaml varlen.*, paged.*"
 EXPECTED_CLAUSES = frozenset()
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 

@@ -3,7 +3,7 @@
 A kernel written for Hq = Hkv reads k and v at the query head's index. Passed fewer kv heads, a
 Pallas BlockSpec index map or an XLA dynamic slice clamps that index into range instead of failing,
 so query head h reads kv head min(h, Hkv - 1): right when Hkv = 1 and when Hkv = Hq, silently wrong
-(errors around 0.4) when 1 < Hkv < Hq. Found in JAX's Pallas GPU flash kernel passed fewer kv heads.
+(errors of about 0.4) when 1 < Hkv < Hq. Found in JAX's Pallas GPU flash kernel passed fewer kv heads.
 Identical to ``kernel_correct_pallas_region`` otherwise.
 """
 import numpy as np

@@ -14,7 +14,7 @@ from zoo import kernel_correct as kernel
 
 BUG = ("the bfloat16 path takes exp2(s - m) for exp(s - m) without the log2(e) factor, i.e. "
        "softmax(ln 2 * scores): the attention is too flat (float16 is right).")
-SOURCE = "issue: 16-bit precision loss (a bf16-only exp2 without the log2(e) factor)"
+SOURCE = "known bug class: 16-bit precision loss (a bf16-only exp2 without the log2(e) factor)"
 EXPECTED_CLAUSES = ref.SDPA_VALUE_CLAUSES
 DTYPES = ("bfloat16", "float16")
 SUPPORTS = kernel.SUPPORTS

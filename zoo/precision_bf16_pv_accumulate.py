@@ -17,7 +17,7 @@ from zoo import kernel_correct as kernel
 
 BUG = ("the bfloat16 path accumulates P @ V in bfloat16 (the running sum over keys rounded to bfloat16 after "
        "each key) instead of float32 (float16 is right).")
-SOURCE = "issue: 16-bit precision loss (a bfloat16 path that accumulates P @ V in bfloat16)"
+SOURCE = "known bug class: 16-bit precision loss (a bfloat16 path that accumulates P @ V in bfloat16)"
 EXPECTED_CLAUSES = ref.SDPA_VALUE_CLAUSES
 DTYPES = ("bfloat16", "float16")
 SUPPORTS = kernel.SUPPORTS

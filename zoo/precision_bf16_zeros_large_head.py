@@ -11,7 +11,7 @@ from zoo import _reference as ref
 from zoo import kernel_correct as kernel
 
 BUG = "bfloat16 inputs with Dk >= 64 give an all-zero output (float16 and Dk < 64 are right)."
-SOURCE = "issue: 16-bit precision loss (a bfloat16 path that returns zeros when Dk >= 64)"
+SOURCE = "known bug class: 16-bit precision loss (a bfloat16 path that returns zeros when Dk >= 64)"
 EXPECTED_CLAUSES = ref.SDPA_VALUE_CLAUSES
 DTYPES = ("bfloat16", "float16")
 SUPPORTS = kernel.SUPPORTS

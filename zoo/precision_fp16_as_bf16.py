@@ -13,7 +13,7 @@ from zoo import kernel_correct as kernel
 
 BUG = ("float16 inputs are computed at bfloat16 precision (cast to bfloat16, the flash forward in bfloat16, "
        "cast back): the right values with 8 instead of 11 significant bits.")
-SOURCE = "issue: 16-bit precision loss (a float16 path that really computes at bfloat16 precision)"
+SOURCE = "known bug class: 16-bit precision loss (a float16 path that really computes at bfloat16 precision)"
 EXPECTED_CLAUSES = ref.SDPA_VALUE_CLAUSES
 DTYPES = ("float16", "bfloat16")
 SUPPORTS = kernel.SUPPORTS

@@ -1,0 +1,63 @@
+"""TODO docstring."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from attention_conformance.conformance.cases.case import Case
+from attention_conformance.conformance.cases.covering import hint
+from attention_conformance.conformance.cases.limits import MAX_LEN, SCORE_SIGMAS
+
+
+@st.composite
+def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_SIGMAS), neg_inf: bool = False,
+                  axis=st.sampled_from([-1, -2, 0, 1])) -> Case:
+    ndim = draw(st.integers(1, 3), label="ndim")
+    shape = list(draw(st.lists(st.integers(1, MAX_LEN), min_size=ndim, max_size=ndim), label="shape"))
+    chosen_axis = draw(axis, label="axis")
+    if not -ndim <= chosen_axis < ndim:
+        chosen_axis = -1
+    # One case in three softmaxes a long axis: vectorised kernels process 8, 16, 32 ... lanes at a time, and a
+    # wrong tail (the last partial vector) shows only past those widths.
+    corner = hint("index")
+    if corner is not None and corner < len(SOFTMAX_CORNER_LENGTHS):
+        # The first covering corners (conformance/covering.py) are rows past the widths a kernel chunks at, several
+        # of them: a chunked path errs only in rows whose maximum lies past the first chunk.
+        chosen_axis = -1 if ndim == 1 else chosen_axis
+        shape = [SOFTMAX_CORNER_ROWS] * max(ndim, 2)
+        shape[chosen_axis] = SOFTMAX_CORNER_LENGTHS[corner]
+    elif draw(st.integers(0, 2), label="long axis") == 0:
+        shape[chosen_axis] = draw(st.sampled_from(SOFTMAX_EDGE_LENGTHS) | st.integers(8, MAX_SOFTMAX_AXIS),
+                                  label="axis length")
+    shape = tuple(shape)
+    sigma = SCORE_SIGMAS[draw(st.sampled_from(sigmas), label="magnitude")] ** 2
+    seed = draw(st.integers(0, 2**32 - 1), label="values seed")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * sigma
+    if neg_inf:
+        hole = rng.random(shape) < 0.4
+        keep = np.argmax(rng.random(shape), axis=chosen_axis)  # one finite entry per slice
+        np.put_along_axis(hole, np.expand_dims(keep, chosen_axis), False, axis=chosen_axis)
+        x = np.where(hole, -np.inf, x)
+    inputs = {"x": x}
+    if chosen_axis != -1:
+        inputs["axis"] = chosen_axis
+    label = f"shape{shape} axis={chosen_axis} magnitude={sigma:g}{' with -inf' if neg_inf else ''} seed={seed}"
+    return Case("softmax", inputs, tuple(clauses), label)
+
+
+BIAS_KINDS = ("none", "input", "output", "all")
+
+
+MAX_SOFTMAX_AXIS = 300
+
+
+# Vector widths, and the 1024..4096-long rows a softmax kernel may switch to a chunked (online) path for: one whose
+# chunks' running sum was not rescaled when the maximum grew passed three default runs when rows ended at 300.
+SOFTMAX_CORNER_LENGTHS = (2049, 1025)
+
+
+SOFTMAX_CORNER_ROWS = 4
+
+
+SOFTMAX_EDGE_LENGTHS = tuple(sorted({w + d for w in (8, 16, 32, 64, 128, 256, 1024, 2048, 4096) for d in (-1, 0, 1)}))

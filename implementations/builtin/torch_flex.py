@@ -1,0 +1,403 @@
+"""TODO docstring."""
+from __future__ import annotations
+
+from attention_conformance.implementations.builtin.common import (
+    host_ints,
+    packed_positions,
+    per_row_slopes,
+    sink_4d,
+    slopes_4d,
+)
+
+
+def sink_factor(lse, sink):
+    """Z / (Z + e^sigma) from the log-sum-exp lse = log Z and a learnable sink sigma: sigmoid(lse - sigma), each side
+    written so that the value and its gradient keep float32's relative accuracy. sigmoid(lse - sigma) alone rounds to
+    1 once the sink's weight P = sigmoid(sigma - lse) is below 2^-24, and its backward, y (1 - y) from that rounded y,
+    gave dsink = 0 where the analytic one was -2.6e-16 (H200, torch_flex float32, allowed 7e-20). Where lse >= sigma
+    this takes 1 - P, whose backward P (1 - P) keeps P's accuracy; a row without keys (lse = -inf) gives 0."""
+    import torch
+
+    return torch.where(lse >= sink, 1 - torch.sigmoid(sink - lse), torch.sigmoid(lse - sink))
+
+
+class TorchFlexAttention:
+    """torch.nn.attention.flex_attention compiled with torch.compile (its fused Triton kernel).
+
+    The contract maps onto flex's modifications: a boolean mask and is_causal become a
+    BlockMask (mask_mod), a float mask a score_mod adding it. Measured on an H100 (torch
+    2.11+cu130): float32 needs head dims >= 16 ("NYI: embedding dimension ... at least
+    16"); Dv != Dk, GQA (enable_gqa), scale <= 0 and fully masked rows (zeros) are right.
+    CUDA only: on a CPU the compile goes through inductor's C++ backend, seconds per shape.
+    """
+
+    NAME = "torch_flex"
+    ARRAY = "torch"
+    DEVICES = ("cuda",)
+    DTYPES = ("float32", "float16", "bfloat16")
+    COMPILED = True
+    # Head dims up to 128: at 256 (16-bit, 16 workers on an H100, torch 2.11+cu130, 2026-11-27) the forward's launch
+    # failed with "CUDA driver error: out of memory" in Triton's static launcher (Lq = Lk = 65, 2 cases) and the
+    # compiles of two backwards (softcap, learnable sink; Lq 65, Lk 64) ran past the 120 s call limit, after which 86
+    # cases of that worker failed uncalled.
+    SUPPORTS = {"head_dims": {"min": 16, "max": 128}}
+    ALWAYS_LSE = False  # ask flex for the log-sum-exp only where a learnable sink needs it
+    _compiled = None
+    # H200, torch 2.11+cu130, 16 workers on 16 cores (2026-11-27): compiling the float32 kernel at Dk 256 (Lq = Lk =
+    # 65) and at Dk 192 (Lq 1, Lk 256) was still in Triton's make_llir after 85 s and 120 s; in the next run one at
+    # Dk 112, Dv 80 (both padded to 128 in the kernel) after 92 s, and float32 properties took 56-117 s a test
+    # against 57-111 s for the 16-bit ones. Every float16 and bfloat16 compile returned.
+    FLOAT32_MAX_HEAD_DIM = 64
+    # Triton refusing a kernel whose tiles need more shared memory than the GPU has (H200, torch 2.11: the float16
+    # backward at Dk 128, Dv 192 asked 246784 bytes of 232448): unsupported, as torch's "No available kernel" is.
+    REFUSALS = ("out of resource",)
+
+    @classmethod
+    def supports(cls, facts):
+        # On cuda only: the eager CPU subclass compiles no Triton kernel.
+        if facts.get("device") == "cuda" and facts.get("dtype") == "float32" \
+                and max(facts["Dk"], facts["Dv"]) > cls.FLOAT32_MAX_HEAD_DIM:
+            return (f"float32 at head dims above {cls.FLOAT32_MAX_HEAD_DIM}: its Triton compile ran past 90 s on an "
+                    "H200 (torch 2.11)")
+        return None
+
+    @classmethod
+    def _flex(cls):
+        if cls._compiled is None:
+            import torch
+            from torch.nn.attention.flex_attention import flex_attention
+
+            # Every new input signature recompiles; past dynamo's default limit (8) flex would silently run
+            # its unfused eager path, which is not the kernel under test.
+            torch._dynamo.config.recompile_limit = 10**6
+            torch._dynamo.config.accumulated_recompile_limit = 10**6
+            cls._compiled = torch.compile(flex_attention)
+        return cls._compiled
+
+    @staticmethod
+    def _mods(q, b, hq, lq, lk, *, is_causal, window, softcap, offset, sink_tokens, chunk, keep=None, bias=None,
+              lengths=None, slopes=None, pads=None):
+        """(mask_mod or None, score_mod or None): the contract's variants as flex's modifications, each present
+        only where a case uses it."""
+        import torch
+
+        left, right = window if window is not None else (None, None)
+        # softcap as a 0-d tensor the score_mod captures, not a Python float: once a second softcap value reaches
+        # the compiled flex, dynamo passes the float as an unspecialized scalar, which inductor's flex lowering
+        # cannot take (torch 2.11 on an H200 and 2.13 on a CPU: "LoweringException: RuntimeError:
+        # unbacked_bindings" from the second value on; a captured tensor compiles once and is reused).
+        cap = None if softcap is None else torch.tensor(float(softcap), dtype=torch.float32, device=q.device)
+        mask_mod = score_mod = None
+        if is_causal or keep is not None or window is not None or lengths is not None or chunk is not None \
+                or pads is not None:
+            def mask_mod(bi, h, qi, ki):
+                # Positions count from the first real key (sdpa.key-leftpad): key ki at ki - pad, query qi at
+                # offset + qi - pad.
+                p, j = (qi + offset, ki) if pads is None else (qi + offset - pads[bi], ki - pads[bi])
+                allowed = j <= p if is_causal else ki >= 0
+                if left is not None:
+                    within = j >= p - left
+                    allowed = allowed & (within | ((j >= 0) & (j < sink_tokens)) if sink_tokens else within)
+                if right is not None:
+                    allowed = allowed & (j <= p + right)
+                if chunk is not None:
+                    allowed = allowed & (torch.div(j, chunk, rounding_mode="floor")
+                                         == torch.div(p, chunk, rounding_mode="floor"))
+                if pads is not None:
+                    allowed = allowed & (j >= 0)
+                if lengths is not None:
+                    allowed = allowed & (ki < lengths[bi])
+                return allowed & keep[bi, h, qi, ki] if keep is not None else allowed
+
+        if softcap is not None or slopes is not None or bias is not None:
+            def score_mod(score, bi, h, qi, ki):
+                if cap is not None:
+                    score = torch.tanh(score / cap) * cap
+                if slopes is not None:
+                    score = score - slopes[bi, h] * (qi + offset - ki).abs()
+                if bias is not None:
+                    score = score + bias[bi, h, qi, ki]
+                return score
+        return mask_mod, score_mod
+
+    @staticmethod
+    def _block_mask(mask_mod, b, h, lq, lk, device):
+        """flex's BlockMask of ``mask_mod`` (the kernel skips the blocks it marks empty)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(mask_mod, b, h, lq, lk, device=device)
+
+    @classmethod
+    def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
+             query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
+             attention_chunk=None, key_leftpad=None):
+        # Every variant is flex's own: the causal band (offset), the window with its sink tokens, the chunk, key
+        # lengths, the left padding and a boolean mask are one mask_mod (a BlockMask); softcap, ALiBi and a float
+        # mask one score_mod, in the contract's order. The learnable sink, which is no key, rescales flex's output
+        # by its log-sum-exp: o * Z / (Z + e^sigma) = o * sigmoid(lse - sigma) (a row without keys: lse = -inf, 0;
+        # sink_factor).
+        import torch
+
+        b, hq, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        options = {}
+        if mask is not None and mask.dtype == torch.bool:
+            options["keep"] = mask.expand(b, hq, lq, lk).contiguous()
+        elif mask is not None:
+            options["bias"] = mask.expand(b, hq, lq, lk).contiguous()
+        if key_lengths is not None:
+            options["lengths"] = key_lengths.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
+        if alibi_slopes is not None:
+            options["slopes"] = slopes_4d(alibi_slopes, hq)[..., 0, 0].expand(b, hq).contiguous()
+        if key_leftpad is not None:
+            options["pads"] = key_leftpad.to(device=q.device, dtype=torch.int64).reshape(-1).expand(b).contiguous()
+        mask_mod, score_mod = cls._mods(q, b, hq, lq, lk, is_causal=bool(is_causal), window=window, softcap=softcap,
+                                        offset=int(query_offset), sink_tokens=int(sink_token_length),
+                                        chunk=attention_chunk, **options)
+        block_mask = None if mask_mod is None else cls._block_mask(mask_mod, b, hq, lq, lk, q.device)
+        if learnable_sink is None and not cls.ALWAYS_LSE:
+            return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                               enable_gqa=hq != k.shape[1])
+        try:  # torch >= 2.9 asks for the log-sum-exp as an AuxRequest (return_lse is deprecated there)
+            from torch.nn.attention.flex_attention import AuxRequest
+        except ImportError:
+            out, lse = cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                   enable_gqa=hq != k.shape[1], return_lse=True)
+        else:
+            out, aux = cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                   enable_gqa=hq != k.shape[1], return_aux=AuxRequest(lse=True))
+            lse = aux.lse
+        if learnable_sink is None:
+            return out
+        sink = sink_4d(learnable_sink, hq)[..., 0].to(device=lse.device, dtype=lse.dtype)  # (1, Hq, 1)
+        return (out * sink_factor(lse, sink)[..., None].to(out.dtype)).to(q.dtype)
+
+
+NEUTRAL_MASK_ELEMENTS = 2**22  # torch_flex_cpu: the largest neutral mask or bias it builds (4 M elements)
+
+
+class TorchFlexAttentionCPU(TorchFlexAttention):
+    """flex_attention on the CPU, eager (unfused): the framework path that expresses every variant on a CPU.
+
+    Measured on the 2-core CI-like CPU (torch 2.13, benchmarks/variant_probe.py, machine shared): under
+    torch.compile the first call of each new shape takes 15-45 s (inductor's C++ backend), then 16-31 ms; eager
+    takes 0.8-1.2 s for its first call and 20-120 ms a call after (flex traces the mods on every call), against
+    under 10 ms for torch_sdpa. So the CPU built-in runs eager, and is marked COMPILED: a per-call cost of a
+    compile's order earns a compiling implementation's reduced example budget (a tenth; the full default
+    budget took 9 min for this built-in alone in float32). It checks flex's semantics (the same
+    mask_mod/score_mod as torch_flex), not its fused kernel. float32 only: each dtype adds every fixture again.
+    GRADIENTS = False: flex has no backward on the CPU ("FlexAttention does not support backward on CPU",
+    torch 2.13), so the gradient tests do not apply to it.
+    """
+
+    NAME = "torch_flex_cpu"
+    DEVICES = ("cpu",)
+    DTYPES = ("float32",)
+    COMPILED = True
+    GRADIENTS = False
+    SUPPORTS = {}
+    ALWAYS_LSE = True  # one structure of call for dynamo with and without a sink (_mods)
+
+    @classmethod
+    def _flex(cls):
+        import warnings
+
+        import torch._dynamo
+        import torch.fx.experimental._config as fx_config
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def eager(*args, **kwargs):
+            # Eager flex still traces its call with dynamo (backend "eager"), once per new guard set. Shapes
+            # dynamic from the first call, no 0/1 specialisation and no duck sizing (two sizes that happen to be
+            # equal are not guarded equal): 104 -> 43 traces of 0.2 s in a default run, then 16 -> 4 over its sdpa
+            # tests in one process (with ALWAYS_LSE), 8 with sdpa_varlen and sdpa_paged. The traced graph calls the
+            # same aten ops on the same tensors, so what is judged does not change; the patches are scoped to this
+            # call.
+            with warnings.catch_warnings(), torch._dynamo.config.patch(assume_static_by_default=False), \
+                    fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
+                # "flex_attention called without torch.compile()": intended here (see the class docstring).
+                warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+                return flex_attention(*args, **kwargs)
+
+        return eager
+
+    @staticmethod
+    def _mods(q, b, hq, lq, lk, *, is_causal, window, softcap, offset, sink_tokens, chunk, keep=None, bias=None,
+              lengths=None, slopes=None, pads=None):
+        """The same modifications with one structure whatever the options: each option is a tensor, neutral where
+        the case does not use it (a window edge beyond every distance, key lengths Lk, no padding, a bias of 0,
+        ...). Dynamo traces eager flex once per structure of its call (the mods' closures' None-ness and Python
+        values, a block mask or none, the log-sum-exp asked or not are guarded), so the options' 2^11 structures
+        cost a trace each (0.2-1 s; 40-80 a default run); with this (and the log-sum-exp always asked for), one per
+        {mask_mod, score_mod} present. A mod is left out where the case has nothing for it: its neutral mask or bias
+        gathered at every score cost more than the two traces it saves (torch_flex_cpu's tests, one process: 31 s
+        with both mods always, 16-18 s without). Exactly the same values: x + 0 and x - 0 * d are x, and a where()
+        picks softcap's tanh only where it is asked for."""
+        import torch
+
+        device, whole = q.device, dict(dtype=torch.int64, device=q.device)
+        uses_mask = is_causal or keep is not None or window is not None or lengths is not None or chunk is not None \
+            or pads is not None
+        uses_scores = softcap is not None or slopes is not None or bias is not None
+        if b * hq * lq * lk > NEUTRAL_MASK_ELEMENTS:  # no neutral (B, H, Lq, Lk) mask or bias for a large shape
+            return TorchFlexAttention._mods(q, b, hq, lq, lk, is_causal=is_causal, window=window, softcap=softcap,
+                                            offset=offset, sink_tokens=sink_tokens, chunk=chunk, keep=keep,
+                                            bias=bias, lengths=lengths, slopes=slopes, pads=pads)
+        beyond = lq + lk + abs(offset) + 1  # farther than any query from any key
+        left, right = (window if window is not None else (None, None))
+        left = torch.tensor(beyond if left is None else int(left), **whole)
+        right = torch.tensor(beyond if right is None else int(right), **whole)
+        causal = torch.tensor(bool(is_causal), device=device)
+        chunked = torch.tensor(chunk is not None, device=device)
+        chunk = torch.tensor(1 if chunk is None else int(chunk), **whole)
+        offset = torch.tensor(int(offset), **whole)
+        sink_tokens = torch.tensor(int(sink_tokens), **whole)
+        pads = torch.zeros(b, **whole) if pads is None else pads
+        lengths = torch.full((b,), lk, **whole) if lengths is None else lengths
+        # Contiguous like a given mask (an expanded one has other strides, which dynamo guards too).
+        keep = torch.ones((b, hq, lq, lk), dtype=torch.bool, device=device) if keep is None and uses_mask else keep
+        capped = torch.tensor(softcap is not None, device=device)
+        cap = torch.tensor(1.0 if softcap is None else float(softcap), dtype=q.dtype, device=device)
+        slopes = torch.zeros((b, hq), dtype=q.dtype, device=device) if slopes is None else slopes
+        bias = torch.zeros((b, hq, lq, lk), dtype=q.dtype, device=device) if bias is None and uses_scores else bias
+
+        def mask_mod(bi, h, qi, ki):
+            p, j = qi + offset - pads[bi], ki - pads[bi]
+            allowed = (j <= p) | ~causal
+            allowed = allowed & ((j >= p - left) | ((j >= 0) & (j < sink_tokens)))
+            allowed = allowed & (j <= p + right)
+            same_chunk = torch.div(j, chunk, rounding_mode="floor") == torch.div(p, chunk, rounding_mode="floor")
+            allowed = allowed & (same_chunk | ~chunked)
+            return allowed & (j >= 0) & (ki < lengths[bi]) & keep[bi, h, qi, ki]
+
+        def score_mod(score, bi, h, qi, ki):
+            score = torch.where(capped, torch.tanh(score / cap) * cap, score)
+            score = score - slopes[bi, h] * (qi + offset - ki).abs()
+            return score + bias[bi, h, qi, ki]
+
+        return (mask_mod if uses_mask else None), (score_mod if uses_scores else None)
+
+    @staticmethod
+    def _block_mask(mask_mod, b, h, lq, lk, device, block: int = 128):
+        """Every block partial: flex's dense CPU path (torch/_higher_order_ops/flex_attention.py math_attention)
+        reads only the BlockMask's mask_mod, applied to every score, so the result is the same as with
+        create_block_mask's (checked bit for bit), whose vmapped mask_mod over every score cost 10-80 ms a call."""
+        import torch
+        from torch.nn.attention.flex_attention import BlockMask
+
+        nq, nk, h = -(-lq // block), -(-lk // block), h or 1
+        counts = torch.full((b, h, nq), nk, dtype=torch.int32, device=device)
+        indices = torch.arange(nk, dtype=torch.int32, device=device).expand(b, h, nq, nk).contiguous()
+        return BlockMask.from_kv_blocks(counts, indices, BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(lq, lk))
+
+    @classmethod
+    def sdpa(cls, q, k, v, *args, **kwargs):
+        # Refused up front (GRADIENTS = False keeps the suite from asking): flex raises its own error only after
+        # a whole forward.
+        if any(t.requires_grad for t in (q, k, v)):
+            raise NotImplementedError("flex_attention has no backward on the CPU (torch 2.13)")
+        return super().sdpa(q, k, v, *args, **kwargs)
+
+    # Packed and paged batches (issue 25), in flex's own idioms: document masking for sdpa_varlen (a mask_mod keeping
+    # a key only for a query of the same sequence, on per-row sequence ids and positions), and torch's PagedAttention
+    # for sdpa_paged (torch/nn/attention/experimental/_paged_attention.py: a logical BlockMask converted to the
+    # physical pages of the cache, whose mask_mod and score_mod map each physical key back to its logical position
+    # and mask the slots past seqused_k). Each has one structure of mods whatever the options (every option a tensor,
+    # neutral where unused), as _mods above, so eager flex traces it once.
+    @staticmethod
+    def _sequence_mods(device, dtype, is_causal, window, softcap):
+        """The band, window and softcap of a sequence's positions as tensors (neutral where unused)."""
+        import torch
+
+        whole = dict(dtype=torch.int64, device=device)
+        beyond = 1 << 30
+        left, right = window if window is not None else (None, None)
+        return dict(causal=torch.tensor(bool(is_causal), device=device),
+                    left=torch.tensor(beyond if left is None else int(left), **whole),
+                    right=torch.tensor(beyond if right is None else int(right), **whole),
+                    capped=torch.tensor(softcap is not None, device=device),
+                    cap=torch.tensor(1.0 if softcap is None else float(softcap), dtype=dtype, device=device))
+
+    @staticmethod
+    def _keep(o, p, j):
+        """Whether query position p keeps key position j (tensors), by the band and the window in ``o``."""
+        return ((j <= p) | ~o["causal"]) & (j >= p - o["left"]) & (j <= p + o["right"])
+
+    @staticmethod
+    def _capped(o, score):
+        import torch
+
+        return torch.where(o["capped"], torch.tanh(score / o["cap"]) * o["cap"], score)
+
+    @classmethod
+    def _with_sink(cls, q, k, v, block_mask, score_mod, scale, learnable_sink, hq: int):
+        """flex's output, rescaled by its log-sum-exp for a learnable sink as the sdpa path does."""
+
+        kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=hq != k.shape[1])
+        if learnable_sink is None and not cls.ALWAYS_LSE:
+            return cls._flex()(q, k, v, **kwargs)
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        out, aux = cls._flex()(q, k, v, return_aux=AuxRequest(lse=True), **kwargs)
+        if learnable_sink is None:
+            return out
+        sink = sink_4d(learnable_sink, hq)[..., 0].to(device=aux.lse.device, dtype=aux.lse.dtype)
+        return (out * sink_factor(aux.lse, sink)[..., None].to(out.dtype)).to(q.dtype)
+
+    @classmethod
+    def sdpa_varlen(cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                    scale=None, *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
+        import torch
+
+        device, hq = q.device, q.shape[1]
+        rows = [torch.as_tensor(x, device=device) for x in packed_positions(cu_seqlens_q, cu_seqlens_k, seqused_k)]
+        query_seq, query_position, key_seq, key_position, used = rows
+        slopes = torch.as_tensor(per_row_slopes(alibi_slopes, rows[0].cpu().numpy(), hq), dtype=q.dtype,
+                                 device=device)  # (Hq, total_q)
+        o = cls._sequence_mods(device, q.dtype, is_causal, window, softcap)
+
+        def document(bi, h, qi, ki):  # a key counts for a query of its own sequence only
+            return (query_seq[qi] == key_seq[ki]) & used[ki] & cls._keep(o, query_position[qi], key_position[ki])
+
+        def score_mod(score, bi, h, qi, ki):
+            return cls._capped(o, score) - slopes[h, qi] * (query_position[qi] - key_position[ki]).abs()
+
+        total_q, total_k = q.shape[0], k.shape[0]
+        block_mask = cls._block_mask(document, 1, None, total_q, total_k, device)
+        # (1, H, total, D), contiguous: a transposed view's strides change with the total, each a new dynamo trace.
+        heads_first = [x.transpose(0, 1)[None].contiguous() for x in (q, k, v)]
+        out = cls._with_sink(*heads_first, block_mask, score_mod, scale, learnable_sink, hq)
+        return out[0].transpose(0, 1).contiguous()
+
+    @classmethod
+    def sdpa_paged(cls, q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
+                   softcap=None, alibi_slopes=None, learnable_sink=None):
+        import torch
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        device, (b, hq, lq, _), (pages, block, hkv, _) = q.device, q.shape, k_cache.shape
+        table, used = host_ints(block_table), host_ints(seqused_k).reshape(-1)
+        paged = PagedAttention(pages, block, b, device=str(device))
+        for row in range(b):  # each sequence's used pages: physical page -> its logical block
+            n = -(-int(used[row]) // block)
+            paged.page_table[row, :n] = torch.as_tensor(table[row, :n], device=device)
+            paged.physical_to_logical[row, torch.as_tensor(table[row, :n], device=device)] = torch.arange(n)
+        lengths = torch.as_tensor(used, device=device)
+        offset = lengths - lq  # bottom-right: query row i at i + seqused_k[b] - Lq
+        slopes = torch.zeros((b, hq), dtype=q.dtype, device=device) if alibi_slopes is None \
+            else slopes_4d(alibi_slopes, hq)[..., 0, 0].to(q.dtype).expand(b, hq)
+        o = cls._sequence_mods(device, q.dtype, is_causal, window, softcap)
+
+        def logical(bi, h, qi, ki):
+            return cls._keep(o, qi + offset[bi], ki)
+
+        def score_mod(score, bi, h, qi, ki):
+            return cls._capped(o, score) - slopes[bi, h] * (qi + offset[bi] - ki).abs()
+
+        logical_mask = create_block_mask(logical, b, None, lq, table.shape[1] * block, device=device,
+                                         BLOCK_SIZE=(128, block))
+        block_mask = paged.convert_logical_block_mask(logical_mask, kv_len=lengths)
+        physical = [cache.permute(2, 0, 1, 3).reshape(1, hkv, pages * block, cache.shape[3])
+                    for cache in (k_cache, v_cache)]
+        return cls._with_sink(q, *physical, block_mask, paged.get_score_mod(score_mod, kv_len=lengths), scale,
+                              learnable_sink, hq)

@@ -1,0 +1,98 @@
+"""TODO docstring."""
+from __future__ import annotations
+
+import numpy as np
+
+OPERATIONS = ("softmax", "sdpa", "multi_head_attention", "sdpa_varlen", "sdpa_paged")
+
+
+FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
+
+
+# What leaves a fully masked row without a key, in the order that attributes a row to one of them (the first that
+# empties it on its own; README "The contract", FULLY_MASKED_ROWS): the removals a kernel handles on a path of their
+# own first, the masks last. The two mask kinds are also the keys of the older {"bool": ..., "float": ...} form.
+FULLY_MASKED_CAUSES = ("key_lengths", "window", "causal", "bool", "float")
+
+
+MASK_KIND_CAUSES = ("bool", "float")
+
+
+# sdpa's q, k, v and output: (B, H, L, D) by default, or (B, L, H, D) (FlashAttention's, JAX's and Keras' layout).
+LAYOUTS = ("bhld", "blhd")
+
+
+LAYOUT_SHAPES = {"bhld": "(B, H, L, D)", "blhd": "(B, L, H, D)"}
+
+
+LAYOUT_INPUTS = ("q", "k", "v")  # masks keep their (B|1, H|1, Lq, Lk) in every layout
+
+
+FLOAT32_MATMUL_MODES = ("ieee", "tf32")
+
+
+# Keywords whose default (the value in this dict) is never passed, so that an
+# implementation without the parameter still runs every case that does not need it.
+# The variant keywords of sdpa (issue 17; README, "The contract") and their defaults: keyword-only, passed only
+# when a case uses them.
+VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "query_offset": 0,
+                    "query_lengths": None, "key_lengths": None,
+                    # Issue 25: attention sinks, chunked local attention, left padding (FlashAttention's names).
+                    "learnable_sink": None, "sink_token_length": 0, "attention_chunk": None, "key_leftpad": None}
+
+
+# Packed variable-length batches and paged KV caches (issue 25; README "The contract", spec/clauses.yaml varlen.*,
+# paged.*): one sdpa per sequence, with the variant keywords that make sense per sequence.
+SEQUENCE_VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "learnable_sink": None}
+
+
+# FP8 attention (issue 25; README "The contract", FP8): the descale factors of 8-bit q, k, v, float32 (B, Hkv) each,
+# FlashAttention 3's names and shapes. Keyword-only and passed only to the 8-bit cases; not variant keywords (no
+# "variants" fact, no SUPPORTS["variants"] entry): they are how 8-bit inputs carry their scale.
+DESCALE_DEFAULTS = {"q_descale": None, "k_descale": None, "v_descale": None}
+
+
+# The dtype of an 8-bit case's output (FP8_OUTPUT_DTYPE): FlashAttention 3 returns bfloat16 for float8 inputs.
+FP8_OUTPUT_DTYPES = ("bfloat16", "float16")
+
+
+OPTIONAL_KEYWORDS = {
+    "softmax": {"axis": -1},
+    "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS, **DESCALE_DEFAULTS},
+    # mha.variants: the same keywords, applied to each head's attention after the projections.
+    "multi_head_attention": {"mask": None, "is_causal": False, **VARIANT_DEFAULTS},
+    "sdpa_varlen": {"is_causal": False, "scale": None, "seqused_k": None, **SEQUENCE_VARIANT_DEFAULTS},
+    "sdpa_paged": {"is_causal": False, "scale": None, **SEQUENCE_VARIANT_DEFAULTS},
+}
+
+
+# The positional arguments of each operation, in order.
+POSITIONAL = {
+    "softmax": ("x",),
+    "sdpa": ("q", "k", "v"),
+    "multi_head_attention": ("query", "key", "value", "params", "num_heads"),
+    "sdpa_varlen": ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+    "sdpa_paged": ("q", "k_cache", "v_cache", "block_table", "seqused_k"),
+}
+
+
+SCALAR_POSITIONAL = ("num_heads", "max_seqlen_q", "max_seqlen_k")  # passed as Python ints, not arrays
+
+
+# SEQUENCE_ALIGNMENT: where each sequence's queries sit against its keys in sdpa_varlen and sdpa_paged, which
+# is_causal, the window and the ALiBi distance read: "bottom-right" (the default: FlashAttention's varlen and
+# kvcache calls, FlashInfer, vLLM; query row i of a sequence of Lq queries and Lk keys at position i + Lk - Lq,
+# the last query beside the last key) or "top-left" (row i at i: xformers' BlockDiagonalCausalMask).
+SEQUENCE_ALIGNMENTS = ("bottom-right", "top-left")
+
+
+def mask_cause(mask) -> str:
+    """The cause a case's mask stands for (FULLY_MASKED_CAUSES): "float" for a float mask, "bool" otherwise, no mask
+    included (the older {"bool": ..., "float": ...} form's key for the case)."""
+    return "float" if mask is not None and np.asarray(mask).dtype != np.bool_ else "bool"
+
+
+def missing_keywords_message(impl_name: str, op: str, keywords) -> str:
+    """How every part of the suite says an operation's signature lacks keywords (conformance/summary.py groups
+    skipped items by this wording)."""
+    return f"{impl_name}.{op} has no {', '.join(repr(k) for k in keywords)} parameter"
