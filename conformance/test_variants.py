@@ -134,6 +134,11 @@ def test_key_lengths_are_a_key_padding_mask(impl, device, dtype, case):
           "key lengths against the same keys masked")
 
 
+# ----------------------------------------------------------------- sinks, chunks, left padding
+# Against the oracle, each drawn at its edges (cases/variants.py, sink_chunk_leftpad_cases) with the features it
+# combines with (spec/clauses.yaml sdpa.learnable-sink ... sdpa.key-leftpad say how).
+
+
 @property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs_keywords("learnable_sink"))
 @sdpa_op
 @given(case=sink_chunk_leftpad_cases(features=("learnable_sink",), clauses=("sdpa.learnable-sink",),

@@ -29,6 +29,7 @@ from attention_conformance.conformance.judging.expected import (
     allowed_error,
     expected_output,
     fully_masked_causes,
+    reference,
     sequence_fully_masked_rows,
     sequence_row_causes,
 )
@@ -298,9 +299,7 @@ class Judge(Containment, Attribution):
         """(B, Hq, Lq) boolean, sdpa (and sdpa_varlen, sdpa_paged in the judge's form): the rows with no key."""
         if case.op in SEQUENCE_OPS:
             return sequence_fully_masked_rows(case.op, inputs, self.alignment)
-        a = widen(inputs)
-        return oracle.fully_masked_rows(a["q"], a["k"], a.get("mask"), bool(a.get("is_causal", False)),
-                                        **oracle.variant_options(a)) & self.judged_rows(case, inputs)
+        return reference(case, inputs, self.alignment).fully_masked_rows() & self.judged_rows(case, inputs)
 
     def judged_rows(self, case: Case, inputs: dict) -> np.ndarray:
         """(B or 1, 1, Lq) boolean, sdpa: the rows a verdict looks at. Rows i >= query_lengths[b] are padding

@@ -338,9 +338,9 @@ def case_with_allowed(case: dict, dtype: str, policy: str = "zeros", tf32: bool 
     for rows in row_blocks(q.shape[2], block):
         (bq, bk, bv, mask, is_causal, scale), options = _split(rows_of(case, rows))
         is_causal = bool(is_causal)
-        expected[:, :, rows] = oracle.sdpa(bq, bk, bv, mask, is_causal, scale, policy, **options)
-        allowed[:, :, rows] = tolerances.sdpa_allowed(bq, bk, bv, mask, is_causal, scale, dtype, policy, tf32=tf32,
-                                                      **options)
+        att = oracle.attention(bq, bk, bv, mask, is_causal, scale, **options)
+        expected[:, :, rows] = att.output(policy)
+        allowed[:, :, rows] = tolerances.attention_allowed(att, dtype, policy, tf32)
     return expected, allowed
 
 

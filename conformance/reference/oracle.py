@@ -8,6 +8,7 @@ test, so the comparison measures the implementation's arithmetic alone.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -140,6 +141,57 @@ def repeat_kv_heads(x: np.ndarray, num_query_heads: int) -> np.ndarray:
     return np.repeat(x, group, axis=1)
 
 
+@dataclass(frozen=True)
+class Attention:
+    """One sdpa case as the oracle computes it, each intermediate kept (float64, kv heads repeated to Hq): the
+    output under any FULLY_MASKED_ROWS policy and the tolerance model's allowed error are both read from it, so
+    nothing of the case is computed twice (conformance/reference/tolerances.py takes it as it is)."""
+
+    q: np.ndarray  # (B, Hq, Lq, Dk)
+    k: np.ndarray  # (B, Hq, Lk, Dk)
+    v: np.ndarray  # (B, Hq, Lk, Dv)
+    scale: float  # the scale applied (1 / sqrt(Dk) by default)
+    raw: np.ndarray  # scale * q . k
+    capped: np.ndarray  # softcap * tanh(raw / softcap); raw itself without a softcap
+    alibi: np.ndarray | None  # the ALiBi bias, broadcasting to the scores
+    bias: np.ndarray  # the mask and the removed keys: 0 or the float mask where allowed, -inf elsewhere
+    scores: np.ndarray  # what the softmax sees: capped + alibi + bias
+    sink: np.ndarray | None  # (1, Hq, 1, 1) learnable sink logits
+    weights: np.ndarray  # the softmax of the scores (with the sink in the normaliser); 0 on rows without keys
+    keyless: np.ndarray  # (B, Hq, Lq) rows no key is left to (the bias alone decides)
+    variants: dict = field(default_factory=dict)  # the variant keywords of the case
+
+    @property
+    def empty(self) -> np.ndarray:
+        """(B, Hq, Lq): the rows FULLY_MASKED_ROWS applies to; none with a learnable sink (fully_masked_rows)."""
+        return np.zeros_like(self.keyless) if self.sink is not None else self.keyless
+
+    def output(self, policy: str = "zeros") -> np.ndarray:
+        """(B, Hq, Lq, Dv): the weights times v, rows without keys under ``policy`` (sdpa)."""
+        out = self.weights @ self.v
+        empty = self.empty[..., None]
+        if policy == "nan":
+            out = np.where(empty, np.nan, out)
+        elif policy == "uniform":
+            out = np.where(empty, np.mean(self.v, axis=-2, keepdims=True), out)
+        return out
+
+
+def _score_parts(q, k, mask, is_causal, scale, *, softcap=None, alibi_slopes=None, query_offset=0, **keys):
+    """(k with its kv heads repeated, the scale, raw, capped, alibi, bias, scores) of ``scores``."""
+    q, k = _f64(q), _f64(k)
+    k = repeat_kv_heads(k, q.shape[1]) if q.ndim == 4 else k
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    lq, lk = q.shape[-2], k.shape[-2]
+    raw = q @ np.swapaxes(k, -1, -2) * scale
+    capped = softcapped(raw, softcap)
+    alibi = None if alibi_slopes is None else alibi_bias(alibi_slopes, lq, lk, query_offset)
+    s = capped if alibi is None else capped + alibi
+    bias = attention_bias(mask, is_causal, lq, lk, query_offset=query_offset,
+                          **{name: value for name, value in keys.items() if name in KEY_CHOICE})
+    return k, scale, raw, capped, alibi, bias, s + bias
+
+
 def scores(q, k, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
            query_offset=0, query_lengths=None, key_lengths=None, sink_token_length=0, attention_chunk=None,
            key_leftpad=None, learnable_sink=None) -> np.ndarray:
@@ -148,16 +200,9 @@ def scores(q, k, mask=None, is_causal=False, scale=None, *, window=None, softcap
     causal band, the window, the chunk, the key lengths and the left padding set removed keys to -inf.
     query_lengths does not change scores (padded query rows are computed and not judged); nor does
     learnable_sink, which is no key's score: it joins the normaliser only (attention_weights)."""
-    q, k = _f64(q), _f64(k)
-    k = repeat_kv_heads(k, q.shape[1]) if q.ndim == 4 else k
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    lq, lk = q.shape[-2], k.shape[-2]
-    s = softcapped(q @ np.swapaxes(k, -1, -2) * scale, softcap)
-    if alibi_slopes is not None:
-        s = s + alibi_bias(alibi_slopes, lq, lk, query_offset)
-    return s + attention_bias(mask, is_causal, lq, lk, window=window, query_offset=query_offset,
-                              key_lengths=key_lengths, sink_token_length=sink_token_length,
-                              attention_chunk=attention_chunk, key_leftpad=key_leftpad)
+    return _score_parts(q, k, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                        query_offset=query_offset, key_lengths=key_lengths, sink_token_length=sink_token_length,
+                        attention_chunk=attention_chunk, key_leftpad=key_leftpad)[-1]
 
 
 def sink_logits(learnable_sink, num_query_heads: int) -> np.ndarray:
@@ -168,6 +213,19 @@ def sink_logits(learnable_sink, num_query_heads: int) -> np.ndarray:
     return sink.reshape(1, -1, 1, 1)
 
 
+def _softmax_of_scores(s: np.ndarray, sink: np.ndarray | None) -> np.ndarray:
+    """attention_weights' softmax along the keys of scores ``s``, with the sink's logits in the normaliser."""
+    row_max = np.max(s, axis=-1, keepdims=True)
+    if sink is not None:
+        row_max = np.maximum(row_max, sink)
+        e = np.exp(s - row_max)
+        return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - row_max))
+    fully_masked = np.isneginf(row_max)
+    e = np.exp(s - np.where(fully_masked, 0.0, row_max))
+    total = np.sum(e, axis=-1, keepdims=True)
+    return np.where(fully_masked, 0.0, e / np.where(fully_masked, 1.0, total))
+
+
 def attention_weights(q, k, mask=None, is_causal=False, scale=None, learnable_sink=None, **variants) -> np.ndarray:
     """softmax of the scores; a fully masked row gets all-zero weights. ``variants``: those of ``scores``.
 
@@ -176,17 +234,12 @@ def attention_weights(q, k, mask=None, is_causal=False, scale=None, learnable_si
     max_l s_il). The weights then sum to 1 - exp(sigma_h - m_i) / Z_i < 1; a row without keys has m_i = sigma_h,
     Z_i = 1 and weights exactly 0 (no 0/0: the declared FULLY_MASKED_ROWS does not apply to it).
     """
-    s = scores(q, k, mask, is_causal, scale, **variants)
-    row_max = np.max(s, axis=-1, keepdims=True)
-    if learnable_sink is not None:
-        sink = sink_logits(learnable_sink, np.shape(q)[1])
-        row_max = np.maximum(row_max, sink)
-        e = np.exp(s - row_max)
-        return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - row_max))
-    fully_masked = np.isneginf(row_max)
-    e = np.exp(s - np.where(fully_masked, 0.0, row_max))
-    total = np.sum(e, axis=-1, keepdims=True)
-    return np.where(fully_masked, 0.0, e / np.where(fully_masked, 1.0, total))
+    sink = None if learnable_sink is None else sink_logits(learnable_sink, np.shape(q)[1])
+    return _softmax_of_scores(scores(q, k, mask, is_causal, scale, **variants), sink)
+
+
+def _keyless(bias: np.ndarray, target: tuple[int, ...]) -> np.ndarray:
+    return np.all(np.isneginf(np.broadcast_to(bias, target)), axis=-1)
 
 
 def fully_masked_rows(q, k, mask=None, is_causal=False, *, window=None, query_offset=0, key_lengths=None,
@@ -203,8 +256,20 @@ def fully_masked_rows(q, k, mask=None, is_causal=False, *, window=None, query_of
     bias = attention_bias(mask, is_causal, lq, lk, window=window, query_offset=query_offset, key_lengths=key_lengths,
                           sink_token_length=sink_token_length, attention_chunk=attention_chunk,
                           key_leftpad=key_leftpad)
-    bias = np.broadcast_to(bias, target)
-    return np.all(np.isneginf(bias), axis=-1)
+    return _keyless(bias, target)
+
+
+def attention(q, k, v, mask=None, is_causal=False, scale=None, *, learnable_sink=None, query_lengths=None,
+              **variants) -> Attention:
+    """The sdpa case's Attention, every intermediate once (float64 q, k, v; 8-bit inputs dequantized first).
+    ``variants``: sdpa's variant keywords; query_lengths changes nothing here (padding rows are not judged)."""
+    q, v = _f64(q), repeat_kv_heads(_f64(v), np.shape(q)[1])
+    k, scale_value, raw, capped, alibi, bias, s = _score_parts(q, k, mask, is_causal, scale, **variants)
+    sink = None if learnable_sink is None else sink_logits(learnable_sink, q.shape[1])
+    keyless = _keyless(bias, q.shape[:-2] + (q.shape[-2], k.shape[-2]))
+    kept = dict(variants, learnable_sink=learnable_sink) if learnable_sink is not None else dict(variants)
+    return Attention(q, k, v, scale_value, raw, capped, alibi, bias, s, sink, _softmax_of_scores(s, sink), keyless,
+                     kept)
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_policy: str = "zeros", *, window=None,
@@ -216,25 +281,23 @@ def sdpa(q, k, v, mask=None, is_causal=False, scale=None, fully_masked_rows_poli
     ``fully_masked_rows_policy`` gives the result for rows with no attendable key:
     'zeros' (the canonical one), 'nan', or 'uniform' (the mean of v over all keys); with a learnable
     sink such a row is 0 under every policy (fully_masked_rows).
-    The keyword-only options are the variants of the contract (README, "The contract";
+    The keyword-only options are the variants of the contract (docs/contract.md;
     spec/clauses.yaml sdpa.window ... sdpa.variant-order, sdpa.learnable-sink ... sdpa.key-leftpad). Rows
     i >= query_lengths[b] are padding: computed like any other row here, and never judged (judged_rows).
     8-bit q, k, v with descale factors (q_descale, k_descale, v_descale) are dequantized first (dequantize).
     """
     if q_descale is not None or k_descale is not None or v_descale is not None:
         q, k, v = dequantize(q, k, v, q_descale, k_descale, v_descale)
-    keys = dict(window=window, query_offset=query_offset, key_lengths=key_lengths,
-                sink_token_length=sink_token_length, attention_chunk=attention_chunk, key_leftpad=key_leftpad)
-    v = repeat_kv_heads(_f64(v), np.shape(q)[1])
-    weights = attention_weights(q, k, mask, is_causal, scale, softcap=softcap, alibi_slopes=alibi_slopes,
-                                learnable_sink=learnable_sink, **keys)
-    out = weights @ v
-    empty = fully_masked_rows(q, k, mask, is_causal, learnable_sink=learnable_sink, **keys)[..., None]
-    if fully_masked_rows_policy == "nan":
-        out = np.where(empty, np.nan, out)
-    elif fully_masked_rows_policy == "uniform":
-        out = np.where(empty, np.mean(v, axis=-2, keepdims=True), out)
-    return out
+    return attention(q, k, v, mask, is_causal, scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                     query_offset=query_offset, key_lengths=key_lengths, learnable_sink=learnable_sink,
+                     sink_token_length=sink_token_length, attention_chunk=attention_chunk,
+                     key_leftpad=key_leftpad).output(fully_masked_rows_policy)
+
+
+def _projected(x, p: dict, name: str) -> np.ndarray:
+    """x @ w_name (+ b_name): one projection of multi_head_attention (mha.projections)."""
+    y = _f64(x) @ p["w_" + name]
+    return y + p["b_" + name] if "b_" + name in p else y
 
 
 def multi_head_attention(
@@ -243,24 +306,21 @@ def multi_head_attention(
 ):
     """Projections, split into heads, sdpa per head, merge, output projection.
 
-    If ``trace`` is a dict it receives every intermediate by name (the names
-    fixtures use in ``shapes``). ``variants``: sdpa's variant keywords (README "The contract"; mha.variants),
-    applied to each head's attention after the projections with Hq = Hkv = num_heads: alibi_slopes (H,) or (B, H)
-    and learnable_sink (H,) indexed by head h of mha.head-split. ``fully_masked_rows_policy``: one policy, or
+    If ``trace`` is a dict it receives every intermediate by name (the names fixtures use in ``shapes``; the heads'
+    Attention as "attention"). ``variants``: sdpa's variant keywords (docs/contract.md; mha.variants), applied to
+    each head's attention after the projections with Hq = Hkv = num_heads: alibi_slopes (H,) or (B, H) and
+    learnable_sink (H,) indexed by head h of mha.head-split. ``fully_masked_rows_policy``: one policy, or
     (B, H, Lq) names, one per head's row (its own cause's; Judge.policy), applied to the context before the merge.
     """
     trace = {} if trace is None else trace
     p = {name: _f64(value_) for name, value_ in params.items()}
 
-    def project(x, name):
-        y = _f64(x) @ p["w_" + name]
-        return y + p["b_" + name] if "b_" + name in p else y
-
     def split(x):
         b, length, width = x.shape
         return np.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
 
-    trace["q_proj"], trace["k_proj"], trace["v_proj"] = project(query, "q"), project(key, "k"), project(value, "v")
+    trace["q_proj"], trace["k_proj"], trace["v_proj"] = (_projected(x, p, n) for x, n in
+                                                         ((query, "q"), (key, "k"), (value, "v")))
     # The packed layout some documents use: per position, per head, [q_h | k_h | v_h].
     b, lq, _ = trace["q_proj"].shape
     if trace["q_proj"].shape == trace["k_proj"].shape == trace["v_proj"].shape:
@@ -269,22 +329,30 @@ def multi_head_attention(
         trace["qkv_packed_heads"] = np.swapaxes(trace["qkv_packed_permuted"], 1, 2)
         trace["qkv_packed"] = trace["qkv_packed_heads"].reshape(b, lq, -1)
     trace["q_heads"], trace["k_heads"], trace["v_heads"] = (split(trace[n + "_proj"]) for n in "qkv")
-    trace["scores"] = scores(trace["q_heads"], trace["k_heads"], mask, is_causal, **variants)
-    trace["weights"] = attention_weights(trace["q_heads"], trace["k_heads"], mask, is_causal, **variants)
-
-    def context(policy):
-        return sdpa(trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal,
-                    fully_masked_rows_policy=policy, **variants)
-
-    if isinstance(fully_masked_rows_policy, str):
-        trace["context"] = context(fully_masked_rows_policy)
-    else:  # each head's fully masked row under the policy of its own cause
-        rows = np.asarray(fully_masked_rows_policy)[..., None]
-        trace["context"] = sum(np.where(rows == name, context(str(name)), 0.0) for name in np.unique(rows))
+    heads = trace["attention"] = attention(trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal,
+                                           **variants)
+    trace["scores"], trace["weights"] = heads.scores, heads.weights
+    trace["context"] = _mha_context(heads, fully_masked_rows_policy)
     trace["context_transposed"] = np.swapaxes(trace["context"], 1, 2)
     trace["merged"] = trace["context_transposed"].reshape(b, lq, -1)
-    trace["output"] = project(trace["merged"], "o")
+    trace["output"] = _projected(trace["merged"], p, "o")
     return trace["output"]
+
+
+def _mha_context(heads: Attention, policy) -> np.ndarray:
+    """The heads' outputs (B, H, Lq, Dv), rows without keys under ``policy`` (one, or (B, H, Lq) names)."""
+    if isinstance(policy, str):
+        return heads.output(policy)
+    rows = np.asarray(policy)[..., None]  # each head's fully masked row under the policy of its own cause
+    return sum(np.where(rows == name, heads.output(str(name)), 0.0) for name in np.unique(rows))
+
+
+def mha_output(trace: dict, params, policy) -> np.ndarray:
+    """multi_head_attention's output under another FULLY_MASKED_ROWS ``policy``, from the ``trace`` of a call: the
+    heads' Attention merged and projected again, nothing before it recomputed."""
+    context = _mha_context(trace["attention"], policy)
+    merged = np.swapaxes(context, 1, 2).reshape(trace["merged"].shape)
+    return _projected(merged, {name: _f64(value) for name, value in params.items()}, "o")
 
 
 # ------------------------------------------------------------------ packed and paged batches (issue 25)

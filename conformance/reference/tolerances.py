@@ -45,10 +45,10 @@ def _constants(section: str) -> dict:
     return {k: float(v) * m["safety_factor"] for k, v in m[section].items() if k.startswith("c_")}
 
 
-def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
+def softmax_allowed(x, axis: int, dtype: str, p: np.ndarray | None = None) -> np.ndarray:
     """spec/tolerances.yaml, softmax: each element's error relative to its p_j (the exponent's rounding |x_j - m|,
     the normaliser's sum and its terms' exponents, the output's rounding, a shift other than the maximum), and the
-    output dtype's absolute rounding near 0."""
+    output dtype's absolute rounding near 0. ``p``: the oracle's softmax of ``x`` where the caller has it."""
     c = _constants("softmax")
     x = np.asarray(x, dtype=np.float64)
     n = x.shape[axis]
@@ -58,7 +58,7 @@ def softmax_allowed(x, axis: int, dtype: str) -> np.ndarray:
     top = np.max(np.where(finite, x, -np.inf), axis=axis, keepdims=True)
     shift = np.where(finite, np.abs(x - np.where(np.isfinite(top), top, 0.0)), 0.0)  # |x_j - m|
     with np.errstate(invalid="ignore"):
-        p = np.nan_to_num(oracle.softmax(x, axis=axis))  # a slice without a finite entry: no p
+        p = np.nan_to_num(oracle.softmax(x, axis=axis) if p is None else p)  # a slice without a finite entry: no p
     spread = np.sum(p * shift, axis=axis, keepdims=True)  # sum_l p_l |x_l - m|
     # The normaliser's sum in the accumulator: float32 for the 16-bit dtypes (section sixteen_bit), else the dtype's.
     u_acc = _accumulator_roundoff() if is_sixteen_bit(dtype) else u
@@ -170,18 +170,12 @@ def accumulation_growth(weights: np.ndarray, v: np.ndarray, terms: int, u: float
     return growth
 
 
-def _per_query_head(q, k, v, dk=None, dv=None):
-    """q, k, v in float64 with the kv heads (and their input errors dk, dv) repeated to Hq (GQA)."""
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    hq = q.shape[1]
-    k, v = oracle.repeat_kv_heads(k, hq), oracle.repeat_kv_heads(v, hq)
-    if dk is not None:
-        dk, dv = oracle.repeat_kv_heads(dk, hq), oracle.repeat_kv_heads(dv, hq)
-    return q, k, v, dk, dv
+def _per_query_head(att: oracle.Attention, error):
+    """An input error of k or v (B, Hkv, Lk, D) with its kv heads repeated to the Attention's Hq (GQA)."""
+    return None if error is None else oracle.repeat_kv_heads(error, att.q.shape[1])
 
 
-def _variant_score_error(q, k, scale_value: float, u: float, softcap=None, alibi_slopes=None, query_offset=0,
-                         sixteen_bit: bool = False, **_keys) -> np.ndarray | float:
+def _variant_score_error(att: oracle.Attention, u: float, sixteen_bit: bool = False) -> np.ndarray | float:
     """The extra rounding error per score of the score-changing variants (spec/tolerances.yaml, variants).
 
     softcap: s / cap, tanh and cap * t each rounded (c_softcap u (|s| + |cap tanh(s / cap)|)); the
@@ -189,16 +183,15 @@ def _variant_score_error(q, k, scale_value: float, u: float, softcap=None, alibi
     ALiBi: slope * |p_i - j| rounded and added (c_alibi u |bias|). Windows, lengths and the offset
     only choose keys: no rounding of their own. (B, Hq, Lq, Lk), or 0.0 when neither is used.
     """
-    if softcap is None and alibi_slopes is None:
+    softcap = att.variants.get("softcap")
+    if softcap is None and att.alibi is None:
         return 0.0
     c = _variant_constants(sixteen_bit)
-    lq, lk = q.shape[-2], k.shape[-2]
     extra = 0.0
     if softcap is not None:
-        raw = scale_value * (q @ np.swapaxes(k, -1, -2))
-        extra = extra + c["c_softcap"] * u * (np.abs(raw) + np.abs(oracle.softcapped(raw, softcap)))
-    if alibi_slopes is not None:
-        extra = extra + c["c_alibi"] * u * np.abs(oracle.alibi_bias(alibi_slopes, lq, lk, query_offset))
+        extra = extra + c["c_softcap"] * u * (np.abs(att.raw) + np.abs(att.capped))
+    if att.alibi is not None:
+        extra = extra + c["c_alibi"] * u * np.abs(att.alibi)
     return extra
 
 
@@ -218,24 +211,22 @@ def _sink_shift(scores_: np.ndarray, sink: np.ndarray) -> tuple[np.ndarray, np.n
     return m, np.where(np.isfinite(top), m - top, 0.0)
 
 
-def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_in: float = 0.0, **variants):
+def _sdpa_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_in: float = 0.0):
     """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv.
 
     ``u_in`` is the relative rounding of each matmul input (multi-head attention declared TF32: 2^-11, else 0); it
     adds 2 u_in |scale| |q_i|.|k_j| to each score error and 2 u_in V_i to each output row (P and v rounded before
     P @ V), times c_in (spec/tolerances.yaml, tf32)."""
-    q, k, v, dk, dv = _per_query_head(q, k, v, dk, dv)
+    q, k, v, weights = att.q, att.k, att.v, att.weights
+    dk, dv = _per_query_head(att, dk), _per_query_head(att, dv)
     dk_, lk = q.shape[-1], k.shape[-2]
-    scale_value = 1.0 / math.sqrt(dk_) if scale is None else float(scale)
-    weights = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)
-    abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(scale_value)
-    bias = oracle.attention_bias(mask, is_causal, q.shape[-2], lk, **oracle.key_options(variants))
-    finite_bias = np.where(np.isfinite(bias), np.abs(bias), 0.0)
+    abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(att.scale)
+    finite_bias = np.where(np.isfinite(att.bias), np.abs(att.bias), 0.0)
     c_in = tf32_input_constant()
     score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias) + c_in * 2 * u_in * abs_scores
-    score_error = score_error + _variant_score_error(q, k, scale_value, u, **variants)
+    score_error = score_error + _variant_score_error(att, u)
     if dq is not None:
-        score_error = score_error + abs(scale_value) * (
+        score_error = score_error + abs(att.scale) * (
             dq @ np.swapaxes(np.abs(k), -1, -2) + np.abs(q) @ np.swapaxes(dk, -1, -2)
         )
     attended = weights > 0
@@ -246,15 +237,14 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
     v_max = np.where(empty, np.max(v_row_max, axis=-1, keepdims=True), v_max)
     weighted = np.sum(weights * score_error, axis=-1, keepdims=True)
     terms = lk
-    if variants.get("learnable_sink") is not None:
+    if att.sink is not None:
         # The sink as one more term of the normaliser, a key of value 0 (spec/tolerances.yaml, variants): its logit
         # rounded and shifted, c_sink u (|sigma| + |sigma - m|), weighted by its own weight p_0; every key's shift
         # grows by m - max_l s_l where the sink is the maximum; the normaliser sums Lk + 1 terms.
         c = _variant_constants()
-        sink = oracle.sink_logits(variants["learnable_sink"], q.shape[1])
-        s_all = oracle.scores(q, k, mask, is_causal, scale, **variants)
-        m, above = _sink_shift(s_all, sink)
-        p_sink = np.exp(sink - m) / (np.sum(np.exp(s_all - m), axis=-1, keepdims=True) + np.exp(sink - m))
+        sink = att.sink
+        m, above = _sink_shift(att.scores, sink)
+        p_sink = np.exp(sink - m) / (np.sum(np.exp(att.scores - m), axis=-1, keepdims=True) + np.exp(sink - m))
         weighted = weighted + c["c_sink"] * u * (np.sum(weights, axis=-1, keepdims=True) * above
                                                  + p_sink * (np.abs(sink) + np.abs(sink - m)))
         terms = lk + 1
@@ -264,6 +254,11 @@ def _sdpa_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u
         allowed = allowed + weights @ dv
     return allowed
 
+
+# ------------------------------------------------------------------ 16-bit dtypes
+# spec/tolerances.yaml, section sixteen_bit: float16 and bfloat16 get a model of what a correct
+# 16-bit computation really does (one rounding to the dtype per operation, float32 accumulators),
+# with random-walk sums over independent roundings, per output element.
 
 SIXTEEN_BIT = ("float16", "bfloat16")
 
@@ -308,7 +303,7 @@ def operand_group_sizes(x: np.ndarray, u: float) -> np.ndarray:
     return np.bincount(keys.ravel(), minlength=rows * kinds)[keys].reshape(x.shape).astype(np.float64)
 
 
-def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None, u_acc=None, **variants):
+def _sdpa16_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_acc=None):
     """Allowed error per output element (B, Hq, Lq, Dv) of a 16-bit sdpa (spec/tolerances.yaml, sixteen_bit).
 
     dq, dk, dv: optional absolute errors of the inputs (the projections of multi_head_attention),
@@ -316,21 +311,22 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     ``u_acc``: the accumulators' unit roundoff (default float32's; 8-bit tensor cores keep fewer bits, eight_bit)."""
     c = _sixteen_bit_constants()
     u_acc = _accumulator_roundoff() if u_acc is None else u_acc
-    q, k, v, dk, dv = _per_query_head(q, k, v, dk, dv)
+    q, k, v = att.q, att.k, att.v
+    dk, dv = _per_query_head(att, dk), _per_query_head(att, dv)
     d, lk = q.shape[-1], k.shape[-2]
-    scale_value = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale_value = att.scale
     kt = np.swapaxes(k, -1, -2)
-    raw = scale_value * (q @ kt)  # scale * q . k
+    raw = att.raw  # scale * q . k
     # What the softmax sees (softcap, ALiBi and the float mask applied); -inf where a key is removed.
     # A key is attended where its score is finite, not where its float64 weight is > 0: a weight below
     # 1e-308 underflows to 0 there, yet a bfloat16 score offset by a float mask of -1e9 (spacing 4e6)
     # can make it the largest (a gap of 1384 between two such scores failed correct paths 409x).
-    s_full = oracle.scores(q, k, mask, is_causal, scale, **variants)
-    sink = variants.get("learnable_sink")
+    s_full = att.scores
+    sink = att.sink
     if sink is not None:
         # The learnable sink is one more column of the normaliser, a key of value 0 (spec/tolerances.yaml, variants):
         # every bound below then holds for it as for a key. Its logit is never a product (raw 0 there).
-        column = np.broadcast_to(oracle.sink_logits(sink, q.shape[1]), s_full.shape[:-1] + (1,))
+        column = np.broadcast_to(sink, s_full.shape[:-1] + (1,))
         s_full = np.concatenate([s_full, column], axis=-1)
         raw = np.concatenate([raw, np.zeros_like(column)], axis=-1)
     attended = np.isfinite(s_full)
@@ -355,7 +351,7 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
         # quantization's rounding), the dq term below already counts it.
         walk = ((q * q) * operand_group_sizes(q, u)) @ (kt * kt)
         keys_delta = keys_delta + c["c_operand"] * u * abs(scale_value) * np.sqrt(walk)
-    keys_delta = keys_delta + _variant_score_error(q, k, scale_value, u, sixteen_bit=True, **variants)
+    keys_delta = keys_delta + _variant_score_error(att, u, sixteen_bit=True)
     if dq is not None:
         keys_delta = keys_delta + abs(scale_value) * np.sqrt((dq * dq) @ (kt * kt)
                                                              + (q * q) @ np.swapaxes(dk * dk, -1, -2))
@@ -426,47 +422,52 @@ def _sdpa16_terms(q, k, v, mask, is_causal, scale, u, dq=None, dk=None, dv=None,
     return np.nan_to_num(allowed, nan=np.inf, posinf=np.inf)
 
 
-def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False,
-                 output_dtype: str | None = None, **variants) -> np.ndarray:
-    """``variants``: the variant keywords of the case (oracle.variant_options); query_lengths changes nothing
-    here (padding rows are not judged). An 8-bit case (section eight_bit) passes q, k, v dequantized and the
-    dtype of its output (FP8_OUTPUT_DTYPE, default bfloat16)."""
-    variants = {n: x for n, x in variants.items() if n != "query_lengths"}
+def attention_allowed(att: oracle.Attention, dtype: str, policy: str = "zeros", tf32: bool = False,
+                      output_dtype: str | None = None) -> np.ndarray:
+    """The allowed error of an sdpa case (B, Hq, Lq, Dv or 1), from the oracle's Attention of it (its intermediates
+    read, never computed again). An 8-bit case's Attention holds q, k, v dequantized; ``output_dtype`` is its
+    output's dtype (FP8_OUTPUT_DTYPE, default bfloat16)."""
     if is_eight_bit(dtype):
         output_dtype = output_dtype or "bfloat16"
         u = unit_roundoff(output_dtype)  # a fully masked row's 'uniform' bound: the output dtype's rounding
-        allowed = _sdpa8_terms(q, k, v, mask, is_causal, scale, dtype, output_dtype, **variants)
+        allowed = _sdpa8_terms(att, dtype, output_dtype)
     elif is_sixteen_bit(dtype):
         u = unit_roundoff(dtype)
-        allowed = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants)
+        allowed = _sdpa16_terms(att, u)
     elif tf32 and dtype == "float32":
         # TF32 rounds the matmul inputs to float16's unit roundoff and nothing else: at most a float16 computation's
         # errors, so the sixteen_bit model at that roundoff (spec/tolerances.yaml, tf32), never below float32's.
         u = unit_roundoff(TF32_MODEL_DTYPE)
-        allowed = np.maximum(_sdpa16_terms(q, k, v, mask, is_causal, scale, u, **variants),
-                             _sdpa_terms(q, k, v, mask, is_causal, scale, unit_roundoff(dtype), **variants))
+        allowed = np.maximum(_sdpa16_terms(att, u), _sdpa_terms(att, unit_roundoff(dtype)))
     else:
         u = unit_roundoff(dtype)
-        allowed = _sdpa_terms(q, k, v, mask, is_causal, scale, u, **variants)
+        allowed = _sdpa_terms(att, u)
     # Rows without keys: exactly 0 under 'zeros', and with a learnable sink under every policy (its weight takes
     # the whole row: oracle.attention_weights).
-    empty = oracle.fully_masked_rows(q, k, mask, is_causal, **oracle.key_options(variants))[..., None]
-    if policy == "uniform" and variants.get("learnable_sink") is None and empty.any():
+    empty = att.keyless[..., None]
+    if policy == "uniform" and att.sink is None and empty.any():
         # a fully masked row is the mean of v: the first-order model's bound for it
-        return np.where(empty, uniform_row_bound(u, v, np.shape(q)[1]), allowed)
+        return np.where(empty, uniform_row_bound(u, att.v, att.q.shape[1]), allowed)
     return np.where(empty, 0.0, allowed)
 
 
-def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str, **variants) -> np.ndarray:
+def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False,
+                 output_dtype: str | None = None, **variants) -> np.ndarray:
+    """``attention_allowed`` of an sdpa case given by its inputs (the oracle's Attention computed here, once).
+    ``variants``: the variant keywords of the case (oracle.variant_options). An 8-bit case passes q, k, v
+    dequantized (section eight_bit)."""
+    return attention_allowed(oracle.attention(q, k, v, mask, is_causal, scale, **variants), dtype, policy, tf32,
+                             output_dtype)
+
+
+def _mha16_allowed(query, key, value, params, num_heads, dtype: str, trace: dict) -> np.ndarray:
     """spec/tolerances.yaml, sixteen_bit: each projection rounded to the dtype (float32 accumulators), the
-    16-bit sdpa model with those input errors, the output projection of the context's error. ``variants``: the
-    case's variant keywords (mha.variants; query_lengths already left out), each head's as in sdpa."""
+    16-bit sdpa model with those input errors, the output projection of the context's error. ``trace``: the
+    oracle's multi_head_attention of the case (the heads' Attention among it)."""
     u = unit_roundoff(dtype)
     u_acc = _accumulator_roundoff()
     c = _sixteen_bit_constants()
     p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
-    trace: dict = {}
-    oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace, **variants)
 
     def projection_error(x, name):
         x = np.asarray(x, dtype=np.float64)
@@ -481,9 +482,9 @@ def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype:
         return np.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
 
     dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
-    context_error = _sdpa16_terms(trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u,
-                                  dq, dk, dv, **variants)
-    empty = oracle.fully_masked_rows(trace["q_heads"], trace["k_heads"], mask, is_causal, **variants)[..., None]
+    heads = trace["attention"]
+    context_error = _sdpa16_terms(heads, u, dq, dk, dv)
+    empty = heads.empty[..., None]
     # A fully masked row is zeros or, where declared, the mean of v: the first-order model's bound for it.
     spread = uniform_row_bound(u, trace["v_heads"], trace["v_heads"].shape[1])
     context_error = np.where(empty, spread, np.broadcast_to(context_error, trace["context"].shape))
@@ -493,13 +494,16 @@ def _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype:
 
 
 def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: str, tf32: bool = False,
-                **variants) -> np.ndarray:
+                trace: dict | None = None, **variants) -> np.ndarray:
     """``variants``: the case's variant keywords (mha.variants), each head's attention bounded as sdpa's with them
     (the variants section of spec/tolerances.yaml); query_lengths changes nothing here (padding rows are not
-    judged)."""
-    variants = {n: x for n, x in variants.items() if n != "query_lengths"}
+    judged). ``trace``: the oracle's multi_head_attention trace of the case under the 'zeros' policy, where the
+    caller has it (computed here otherwise)."""
+    if trace is None:
+        trace = {}
+        oracle.multi_head_attention(query, key, value, params, num_heads, mask, is_causal, trace=trace, **variants)
     if is_sixteen_bit(dtype):
-        return _mha16_allowed(query, key, value, params, num_heads, mask, is_causal, dtype, **variants)
+        return _mha16_allowed(query, key, value, params, num_heads, dtype, trace)
     # Declared TF32: the first-order input rounding (spec/tolerances.yaml, tf32), not the sixteen_bit model sdpa takes:
     # TF32 by truncation, whose errors add linearly through the projections, used 1.3x that model.
     u = unit_roundoff(dtype)
@@ -507,8 +511,6 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
     c_proj = _constants("multi_head_attention")["c_proj"]
     c_in = tf32_input_constant()
     p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
-    trace: dict = {}
-    oracle.multi_head_attention(query, key, value, p, num_heads, mask, is_causal, trace=trace, **variants)
 
     def projection_error(x, name):
         x = np.abs(np.asarray(x, dtype=np.float64))
@@ -521,13 +523,18 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
         return np.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
 
     dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
-    context_error = _sdpa_terms(
-        trace["q_heads"], trace["k_heads"], trace["v_heads"], mask, is_causal, None, u, dq, dk, dv, u_in=u_in,
-        **variants,
-    )
+    context_error = _sdpa_terms(trace["attention"], u, dq, dk, dv, u_in=u_in)
     context_error = np.broadcast_to(context_error, trace["context"].shape)
     merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)
     return merged_error @ np.abs(p["w_o"]) + projection_error(trace["merged"], "o")
+
+
+# ------------------------------------------------------------------ 8-bit inputs (FP8)
+# spec/tolerances.yaml, section eight_bit: FP8 q, k, v with descale factors. The inputs are exact (the oracle and
+# this model see the dequantized values); the error is the accumulation, the rounding of P to the 8-bit format
+# before P @ V (FlashAttention 3), the output's rounding, and, for a path that dequantizes to its output dtype
+# and computes there, that dtype's roundings: the sixteen_bit model in the output dtype, with the 8-bit
+# accumulators, plus two terms of P's 8-bit rounding.
 
 
 @functools.lru_cache(maxsize=None)
@@ -568,18 +575,16 @@ def _rounding_groups(p: np.ndarray, v: np.ndarray, ratio: float) -> tuple[np.nda
     return signed, mass
 
 
-def _sdpa8_terms(q, k, v, mask, is_causal, scale, dtype: str, output_dtype: str, **variants) -> np.ndarray:
+def _sdpa8_terms(att: oracle.Attention, dtype: str, output_dtype: str) -> np.ndarray:
     """Allowed error per output element (B, Hq, Lq, Dv) of sdpa on 8-bit inputs (spec/tolerances.yaml, eight_bit);
-    q, k, v dequantized (float64)."""
+    the Attention of the dequantized q, k, v (float64)."""
     c = _eight_bit()
     u = unit_roundoff(output_dtype)
     u8 = eight_bit_unit_roundoff(dtype)
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     # A path that dequantizes to its output dtype rounds each input once there: independent errors c_in u |x|.
-    base = _sdpa16_terms(q, k, v, mask, is_causal, scale, u, c["c_in"] * u * np.abs(q), c["c_in"] * u * np.abs(k),
-                         c["c_in"] * u * np.abs(v), u_acc=float(c["accumulator_roundoff"]), **variants)
-    q, k, v, _, _ = _per_query_head(q, k, v)
-    p = oracle.attention_weights(q, k, mask, is_causal, scale, **variants)
+    base = _sdpa16_terms(att, u, c["c_in"] * u * np.abs(att.q), c["c_in"] * u * np.abs(att.k),
+                         c["c_in"] * u * np.abs(att.v), u_acc=float(c["accumulator_roundoff"]))
+    v, p = att.v, att.weights
     o = p @ v
     v2, v_abs, o_abs = v * v, np.abs(v), np.abs(o)
     # P rounded to the 8-bit format before P @ V: e_ij = delta_g p_ij + r_ij, delta_g (|.| <= u8) shared by the weights
