@@ -6,11 +6,12 @@ every pytest and suite option passes through, and the exit status is pytest's (0
 applicable case passed).
 
 `attention-conformance repro ID [--impl SPEC] [--print-python]` replays one failure of a run (its block prints the
-command; conformance/repro.py): exit status 1 if it still fails, 0 if it passes (or is not judged: unsupported, a
+command; conformance/judging/evidence.py): exit status 1 if it still fails, 0 if it passes (or is not judged:
+unsupported, a
 declared deviation), 2 if the repro cannot be found or run.
 
 `attention-conformance merge REPORT... -o combined.json` merges the JSON reports of several runners (and the
-shards of a split run) into one matrix (conformance/merge.py, docs/ci.md).
+shards of a split run) into one matrix (conformance/reporting/merge.py, docs/ci.md).
 """
 from __future__ import annotations
 

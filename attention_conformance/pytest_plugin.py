@@ -13,10 +13,10 @@ project, never the suite's): the `conformance`/`selfcheck`/`op`/`large_shapes` m
 per-test timeout, -rExX, and JAX's DeprecationWarnings ignored.
 
 In those runs the per-test timeout raises an exception Hypothesis does not take for a failing example
-(conformance/time_limit.py: pytest-timeout's own had Hypothesis shrink past the limit), and SIGTERM
+(conformance/judging/time_limit.py: pytest-timeout's own had Hypothesis shrink past the limit), and SIGTERM
 interrupts the run as Ctrl-C does, so a run stopped from outside still prints its summary and writes its
-report, marked incomplete (conformance/session.py; under xdist the workers stream what they judge,
-conformance/transport.py).
+report, marked incomplete (conformance/harness/session.py; under xdist the workers stream what they judge,
+conformance/reporting/transport.py).
 
 The root conftest.py of a checkout registers this module when the entry point has not (a checkout
 on PYTHONPATH without `pip install`); both use the module's own name, so pytest never registers it twice.
@@ -95,7 +95,7 @@ def pytest_addoption(parser):
                     help="coverage floor: each implementation and operation with runnable cases must have at least N "
                     "cases judged (passed, failed or a declared deviation), else the run fails (default 1).")
     group.addoption("--allow-unjudged", action="store_true", default=False,
-                    help="report a run that judged too few cases (README 'Coverage') without failing it.")
+                    help="report a run that judged too few cases (docs/coverage-and-depth.md) without failing it.")
     group.addoption("--large-shapes", action="store_true", default=False,
                     help="also run conformance/test_large_shapes.py: sdpa at Lk up to 16384, D 128, judged by the "
                     "blocked float64 oracle (slow; see docs/large-shapes.md).")
@@ -178,7 +178,7 @@ def _xdist_loaded(pluginmanager) -> bool:
 
 
 def pytest_load_initial_conftests(early_config, parser, args):
-    """`-n auto --dist worksteal` by default (README, "Speed"), each part unless the command line names it,
+    """`-n auto --dist worksteal` by default (docs/speed.md), each part unless the command line names it,
     when pytest-xdist is loaded. Called for plugins loaded by entry point (any install, editable included);
     a checkout that is only on PYTHONPATH gets them from pytest_cmdline_main below. `-n 0` or `-p no:xdist`:
     one process; `--pdb` makes xdist's `-n auto` one process too.
@@ -309,7 +309,7 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
     """Where the item ran: a failure by verdicts alone is marked so (for --fail-on-regression, conformance/
     baseline.py); a test that failed with verdicts gets their repro files saved and each printed as a short block
-    (conformance/failure_block.py)."""
+    (conformance/reporting/failure_block.py)."""
     report = yield
     if engaged(item.config):
         from attention_conformance.conformance.reporting import baseline
@@ -336,7 +336,7 @@ def pytest_runtestloop(session):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """The per-test time limit repeats only while the test function runs (conformance/time_limit.py)."""
+    """The per-test time limit repeats only while the test function runs (conformance/judging/time_limit.py)."""
     if not engaged(item.config):
         return (yield)
     from attention_conformance.conformance.judging import time_limit
@@ -351,7 +351,7 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item, settings):
     """pytest-timeout: in the suite's runs the limit raises an exception Hypothesis does not shrink
-    (conformance/time_limit.py); None leaves the timer to pytest-timeout."""
+    (conformance/judging/time_limit.py); None leaves the timer to pytest-timeout."""
     if engaged(item.config):
         from attention_conformance.conformance.judging import time_limit
 

@@ -1,9 +1,9 @@
 """What the pytest plugin (attention_conformance/pytest_plugin.py) delegates to: discovery, parametrisation,
 profiles, and the end of the run (summary, coverage rule, report), each done by its own module.
 
-The session's shared state (the implementations loaded, how the run ended) is conformance/session.py; what a
-worker hands its controller is conformance/transport.py; the summary is conformance/summary.py, the report
-conformance/json_report.py.
+The session's shared state (the implementations loaded, how the run ended) is conformance/harness/session.py;
+what a worker hands its controller is conformance/reporting/transport.py; the summary is
+conformance/reporting/summary.py, the report conformance/reporting/json_report.py.
 """
 from __future__ import annotations
 
@@ -117,7 +117,8 @@ def configure(config) -> None:
 
 
 def configure_runners(config) -> None:
-    """--shard and --baseline (conformance/shards.py, conformance/baseline.py), checked before anything runs."""
+    """--shard and --baseline (conformance/reporting/shards.py, conformance/reporting/baseline.py), checked before
+    anything runs."""
     from attention_conformance.conformance.reporting import baseline, shards
 
     shard = shards.parse(config.getoption("shard", None))
@@ -195,7 +196,7 @@ def share_jax_compilations(config) -> None:
     user chose one.
 
     An XLA compile costs 30-100 ms on the CI machine and every distinct input
-    signature compiles (README, "Speed"); the cache lets xdist workers reuse each
+    signature compiles (docs/speed.md); the cache lets xdist workers reuse each
     other's compiles and later runs reuse this one's. JAX reads these variables
     when it is first imported, which is after this (frameworks import lazily), and
     xdist workers inherit them. A cached executable is the very one XLA built, so
@@ -275,7 +276,7 @@ def order_by_implementation(items) -> None:
     """Each implementation's items together (stable within it, in collection order): xdist's worksteal hands each
     worker a contiguous share of the list, so a worker then compiles, warms up and caches for the implementations
     of its share only, and steals whole runs of one implementation's items from the other's tail (default run,
-    2 workers: 64 -> 55 s; README "Speed")."""
+    2 workers: 64 -> 55 s; docs/speed.md)."""
     # Compiling implementations first: the head of a worker's share stays with it and a steal takes the tail. With
     # jax_dpa last in the list, the other worker had stolen part of it and 24 of its programs compiled in both; first,
     # all of its compiles ran in one worker (a cold default run: 286 XLA compiles against 300; its wall time within
@@ -297,7 +298,7 @@ def _implementation_of(item) -> str:
 
 
 def keep_this_shard(config, items) -> None:
-    """--shard I/N: the I-th share of the items left after every other deselection (conformance/shards.py)."""
+    """--shard I/N: the I-th share of the items left after every other deselection (conformance/reporting/shards.py)."""
     from attention_conformance.conformance.reporting import shards
 
     shards.select(config, items)
@@ -544,8 +545,9 @@ def finish(pytest_session) -> None:
 
 
 def finish_runners(pytest_session) -> None:
-    """The report, compared with --baseline first when one is given (conformance/baseline.py); a shard that drew
-    no item exits 0 (conformance/shards.py)."""
+    """The report, compared with --baseline first when one is given (conformance/reporting/baseline.py); a shard that
+    drew
+    no item exits 0 (conformance/reporting/shards.py)."""
     from attention_conformance.conformance.reporting import baseline, json_report, shards
 
     config = pytest_session.config
@@ -588,7 +590,7 @@ def logreport(report) -> None:
 
 
 def enforce_coverage(pytest_session) -> None:
-    """The controller (or the only process) applies the coverage rule (conformance/coverage.py)."""
+    """The controller (or the only process) applies the coverage rule (conformance/reporting/coverage.py)."""
     if is_xdist_worker(pytest_session.config):
         return
     from attention_conformance.conformance.reporting import coverage

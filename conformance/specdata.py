@@ -1,4 +1,8 @@
-"""TODO docstring."""
+"""spec/: where the suite's data lies, reading YAML safely, the JSON Schemas, and the clauses.
+
+Any defect stops the run with one SpecError that names the file, the entry id and the field. Everything here is
+read once per session and cached. The fixtures are loaded by conformance/cases/fixtures.py.
+"""
 from __future__ import annotations
 
 import functools
@@ -80,12 +84,12 @@ def _validator(schema_name: str):
 
 def _validate(document: Any, schema_name: str, path: Path, list_key: str) -> None:
     """Check ``document`` against the schema; every defect (the most relevant one per entry) in one SpecError."""
-    errors = _schema_errors(document, schema_name, path, list_key)
+    errors = schema_problems(document, schema_name, path, list_key)
     if errors:
         raise SpecError.of([error for _, error in errors])
 
 
-def _schema_errors(document: Any, schema_name: str, path: Path, list_key: str) -> list[tuple[int | None, SpecError]]:
+def schema_problems(document: Any, schema_name: str, path: Path, list_key: str) -> list[tuple[int | None, SpecError]]:
     """Every schema defect of the document: (entry index or None, error), the most relevant one per entry."""
     if document is None:
         return [(None, SpecError(path, None, None, "file is empty"))]

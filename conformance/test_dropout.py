@@ -161,7 +161,7 @@ def _run(judge: DropoutJudge, case: Case, inputs: dict, dropout_p: float, seed: 
     raised = None
     try:
         got = judge.limited(case, call_with_dropout, impl, inputs, judge.device, dropout_p, seed)
-    except ImplementationHung as exc:  # past the call time limit (conformance/checks.py)
+    except ImplementationHung as exc:  # past the call time limit (conformance/judging/verdict.py)
         judge.hung(case, inputs, exc)
     except NotImplementedError as exc:
         judge.not_implemented(case, exc)

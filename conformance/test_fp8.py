@@ -1,4 +1,4 @@
-"""FP8 attention (issue 25): 8-bit q, k, v with per-head descale factors against the oracle on the dequantized
+"""FP8 attention: 8-bit q, k, v with per-head descale factors against the oracle on the dequantized
 inputs (spec/clauses.yaml sdpa.fp8-descale), under the eight_bit tolerance (spec/tolerances.yaml).
 
 Every test here carries the ``eight_bit`` mark: collection parametrises it over the 8-bit dtypes an implementation

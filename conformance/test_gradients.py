@@ -2,8 +2,8 @@
 
 For implementations whose ARRAY is "torch" or "jax", dL/dq, dL/dk, dL/dv and, for
 an additive float mask, dL/dmask are obtained with the framework's autodiff for a
-random upstream gradient dO (conformance/gradients.py) and compared with
-conformance/oracle_backward.py under the ``sdpa_backward`` tolerance model of
+random upstream gradient dO (conformance/judging/gradients.py) and compared with
+conformance/reference/backward.py under the ``sdpa_backward`` tolerance model of
 spec/tolerances.yaml. The forward output of the same call is judged first
 (sdpa.definition), so a gradient verdict is never about a wrong forward.
 

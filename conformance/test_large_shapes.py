@@ -5,7 +5,7 @@ and packed (sdpa_varlen) and paged (sdpa_paged) batches of long sequences.
 Generated property cases stay below 8 tokens so that failures shrink to readable
 examples; bugs of tiling, split-K reductions, index arithmetic or accumulation
 precision only show at real sizes. These cases are judged with the blocked float64
-oracle (conformance/oracle_blocked.py), whose memory stays O(L * D): it never
+oracle (conformance/reference/blocked.py), whose memory stays O(L * D): it never
 builds an (Lq, Lk) matrix, so the judge fits wherever the kernel does.
 
 Run with --large-shapes (docs/large-shapes.md); otherwise every test here is
@@ -132,7 +132,7 @@ def oracle_block(case: Case) -> int:
 
 @dataclass(frozen=True)
 class VariantShape(Shape):
-    """One realistic call with the variant keywords of the contract (issue 25): "per-head" and "per-example" values
+    """One realistic call with the variant keywords of the contract: "per-head" and "per-example" values
     are drawn from the seed."""
 
     variants: dict = field(default_factory=dict)
@@ -161,7 +161,7 @@ VARIANT_SHAPES = [
 
 @dataclass(frozen=True)
 class SequenceShape:
-    """A packed (sdpa_varlen) or paged (sdpa_paged) batch of long sequences (issue 25)."""
+    """A packed (sdpa_varlen) or paged (sdpa_paged) batch of long sequences."""
 
     name: str
     op: str

@@ -1,10 +1,11 @@
-"""Paged KV caches, sdpa_paged (README "The contract"; spec/clauses.yaml paged.*): one property per clause against the
-oracle (each sequence's keys gathered page by page, then sdpa; conformance/oracle.py), drawn by
+"""Paged KV caches, sdpa_paged (docs/contract.md; spec/clauses.yaml paged.*): one property per clause against the
+oracle (each sequence's keys gathered page by page, then sdpa; conformance/reference/oracle.py), drawn by
 strategies.paged_cases: pages shuffled across the pool, a page shared by two sequences, last pages partly or exactly
 filled, and large finite garbage in every slot, page and table entry no sequence uses.
 
 An implementation without sdpa_paged is reported not implemented; one whose signature lacks a keyword a property
-needs is skipped at collection, never failed. Each property runs the brief covering set (conformance/properties.py).
+needs is skipped at collection, never failed. Each property runs the brief covering set
+(conformance/harness/properties.py).
 """
 from __future__ import annotations
 

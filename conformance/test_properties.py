@@ -3,7 +3,7 @@
 Each test draws cases that exercise its clause while holding the rest simple, so a
 failure names the clause that is broken. Sizes are capped in strategies.py; how each
 property runs (its covering set of corners, then random draws, its budget and its
-bounded shrinking) is conformance/properties.py.
+bounded shrinking) is conformance/harness/properties.py.
 """
 from __future__ import annotations
 
@@ -222,7 +222,8 @@ def test_masked_keys_have_no_influence(impl, device, dtype, case):
     k = np.where(dead[..., None], -case.inputs["k"] * 3, case.inputs["k"])
     changed = derived(case, "dead keys changed", v=v, k=k)
     second, _ = judge.run(changed)
-    same_outputs(judge, case, first, second, inputs, "mask.before-softmax", "values at masked keys leaked into the output")
+    same_outputs(judge, case, first, second, inputs, "mask.before-softmax",
+                 "values at masked keys leaked into the output")
 
 
 # A finite "minus infinity" that starts an online softmax's running maximum (-1e4, -65504 in 16-bit-minded kernels)
@@ -254,8 +255,8 @@ def test_shift_invariance(impl, device, dtype, case, shift):
     # Each output may err by its own case's allowance; the shifted case's includes rounding the shift into
     # every score (u * |shift|), so the two may differ by the sum of both, not twice the first.
     both = (judge.allowed(case, inputs) + judge.allowed(shifted, shifted_inputs)) / 2
-    same_outputs(judge, case, first, second, inputs, "softmax.shift-invariance", f"adding {shift} to every score of a row",
-          allowed=both)
+    same_outputs(judge, case, first, second, inputs, "softmax.shift-invariance",
+                 f"adding {shift} to every score of a row", allowed=both)
 
 
 @property_test(derives=(DerivedCase("runs the case without is_causal", sets={"is_causal": False}),))

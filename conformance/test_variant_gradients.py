@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attention_conformance.conformance.cases.case import Case
-from attention_conformance.conformance.cases.gradients import _without, variant_gradient_cases
+from attention_conformance.conformance.cases.gradients import without_keywords, variant_gradient_cases
 from attention_conformance.conformance.cases.support import unsupported
 from attention_conformance.conformance.harness.checks import gradient_judge_for, without_autodiff
 from attention_conformance.conformance.harness.properties import property_test
@@ -85,16 +85,16 @@ def variant_blame(judge, case: Case, inputs: dict, name: str) -> tuple[str, str]
     clauses = dict(KEYWORD_CLAUSES)
     if name == "dsink":
         used = [n for n in used if n != "learnable_sink"]
-    elif not _agrees(judge, _without(case, used), name):
+    elif not _agrees(judge, without_keywords(case, used), name):
         clause, note = gqa_blame(judge, case, inputs, name)
         return clause, note + f"; it disagrees without {', '.join(used)} too: the plain backward is at fault"
     alone = used if name != "dsink" else []  # dsink needs the sink: no keyword is alone beside it
     for keyword in alone:
-        if len(used) == 1 or not _agrees(judge, _without(case, [n for n in used if n != keyword]), name):
+        if len(used) == 1 or not _agrees(judge, without_keywords(case, [n for n in used if n != keyword]), name):
             return clauses[keyword], (f"; the same case with {keyword} alone disagrees too (and agrees without every "
                                       f"variant keyword): {keyword}'s backward is at fault")
     for keyword in used:
-        if _agrees(judge, _without(case, [keyword]), name):
+        if _agrees(judge, without_keywords(case, [keyword]), name):
             return clauses[keyword], f"; the same case without {keyword} agrees: {keyword}'s backward is at fault"
     if name == "dsink":
         return GRAD_CLAUSE[name], ""
@@ -119,7 +119,8 @@ def check_variant_gradients(impl, device, dtype, case: Case, order=("dq", "dk", 
                                    scale=st.none() | st.sampled_from([-0.35, 0.7, 2.0])))
 def test_softcap_gradients(impl, device, dtype, case):
     """dq and dk carry softcap's derivative 1 - tanh^2(s / c) at the scaled score s (an explicit scale too: a
-    held-out backward that took the derivative at 1/sqrt(Dk) passed while every case had the default); an additive
+    independently written backward that took the derivative at 1/sqrt(Dk) passed while every case had the default); an
+    additive
     mask after the cap takes dS itself."""
     check_variant_gradients(impl, device, dtype, case, order=("dq", "dk", "dmask", "dv"))
 

@@ -1,4 +1,4 @@
-"""The sdpa variants of the contract (README, "The contract"; issue 17): one property per clause against
+"""The sdpa variants of the contract (docs/contract.md): one property per clause against
 the oracle, drawn at the edges (strategies.variant_cases), and metamorphic checks between a variant and
 its plain-sdpa equivalent.
 
@@ -58,7 +58,8 @@ def test_query_offset(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
-@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs_keywords("key_lengths", "query_lengths"))
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED,
+               requires=needs_keywords("key_lengths", "query_lengths"))
 @sdpa_op
 @given(case=variant_cases(variants=("lengths",), clauses=("sdpa.varlen",), mask_kinds=("none", "bool-full")))
 def test_varlen(impl, device, dtype, case):
@@ -112,7 +113,8 @@ def test_query_offset_is_a_shifted_causal_mask(impl, device, dtype, case):
     first, inputs = judge.run(case)
     as_mask = derived(case, "offset as a bool mask", drop=("is_causal", "query_offset"), mask=_as_bool_mask(case, band))
     second, _ = judge.run(as_mask)
-    same_outputs(judge, case, first, second, inputs, "sdpa.query-offset", "causal at an offset against the same band as a mask")
+    same_outputs(judge, case, first, second, inputs, "sdpa.query-offset",
+                 "causal at an offset against the same band as a mask")
 
 
 @property_test(covering_set="brief", requires=needs_keywords("key_lengths"),
@@ -187,6 +189,7 @@ def test_key_leftpad(impl, device, dtype, case):
                                      variants=("window",), optional=("query_offset",), clauses=("sdpa.key-leftpad",),
                                      mask_kinds=("none", "key-padding")))
 def test_key_leftpad_positions(impl, device, dtype, case):
-    """Chunks and sink tokens count from the first real key (key_lengths beside key_leftpad: fixtures/variants_2026.yaml;
+    """Chunks and sink tokens count from the first real key (key_lengths beside key_leftpad:
+    fixtures/variants_2026.yaml;
     drawn together with a window and a chunk they left 47 % of cases without a key)."""
     check(impl, device, dtype, case)

@@ -1,10 +1,11 @@
-"""Packed variable-length batches, sdpa_varlen (README "The contract"; spec/clauses.yaml varlen.*): one property per
-clause against the oracle (sequence by sequence through sdpa, conformance/oracle.py), drawn at the corners of
+"""Packed variable-length batches, sdpa_varlen (docs/contract.md; spec/clauses.yaml varlen.*): one property per
+clause against the oracle (sequence by sequence through sdpa, conformance/reference/oracle.py), drawn at the corners of
 strategies.varlen_cases, and the agreement of the packed batch with the padded one for an implementation that
 exposes both operations.
 
 An implementation without sdpa_varlen is reported not implemented; one whose signature lacks a keyword a property
-needs is skipped at collection, never failed. Each property runs the brief covering set (conformance/properties.py).
+needs is skipped at collection, never failed. Each property runs the brief covering set
+(conformance/harness/properties.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Registry of attention implementations under test.
 
-Every implementation, built-in or a user's, meets one public contract (README,
-"The contract"). It is an object (a module, a class or an instance) exposing one
+Every implementation, built-in or a user's, meets one public contract (docs/contract.md). It is an object (a module, a
+class or an instance) exposing one
 or more of
 
     softmax(x, axis=-1)
@@ -18,7 +18,7 @@ or more of
 
 (sdpa_varlen: a packed batch, q (total_q, Hq, Dk), k/v (total_k, Hkv, D*), cu_seqlens (B+1,) int32 offsets ->
 (total_q, Hq, Dv); sdpa_paged: q as sdpa's, k_cache/v_cache (num_blocks, block_size, Hkv, D*), block_table
-(B, max_blocks) and seqused_k (B,) int32 -> (B, Hq, Lq, Dv); each sequence is an sdpa of its own keys, README
+(B, max_blocks) and seqused_k (B,) int32 -> (B, Hq, Lq, Dv); each sequence is an sdpa of its own keys, docs/contract.md,
 "Packed batches and paged KV caches") and optionally the attributes
 
     DTYPES             names among float64, float32, float16, bfloat16 (default float32, float64), and the
@@ -35,7 +35,7 @@ or more of
                        the case's mask kind; a cause not named takes the case's mask kind's entry, so the
                        older {"bool": ..., "float": ...} keeps its meaning); or a dict by dtype
                        {"float16": policy or a dict by cause, ...}; or a callable(facts) -> policy, facts
-                       those of KNOWN_DEVIATIONS plus "cause" (README, "Rows without a key")
+                       those of KNOWN_DEVIATIONS plus "cause" (docs/declarations.md, "Rows without a key")
     LAYOUT             "bhld" (default) or "blhd": sdpa's q, k, v and output as (B, H, L, D) or (B, L, H, D);
                        handed over contiguous in it, output and gradients read back in it; masks unchanged
     SEQUENCE_ALIGNMENT "bottom-right" (default) or "top-left": where each sequence's queries sit against its keys
@@ -43,10 +43,10 @@ or more of
     NAME               the id shown in test ids and reports (default: the --impl spec)
     SUPPORTS           the region it can run: {"head_dims", "value_head_dim", "lengths", "equal_lengths",
                        "masks", "causal" (or "lq<=lk", "lq>=lk", "lq==lk"), "scale", "gqa", "max_group",
-                       "variants"} (implementations/_region.py); generated cases are drawn inside it, a
+                       "variants"} (implementations/region.py); generated cases are drawn inside it, a
                        case outside it is unsupported, never failed
     supports(facts)    optional method: why a case is outside the region (str), or None; asked while
-                       drawing, so a case it refuses is never generated (README, "Facts")
+                       drawing, so a case it refuses is never generated (docs/declarations.md, "Facts")
     FLOAT32_MATMUL     "ieee" (default) or "tf32", or {device: mode}: float32 matmuls round their
                        inputs to TF32; the float32 tolerance of sdpa is then the 16-bit model at
                        TF32's unit roundoff 2^-11 (spec/tolerances.yaml, tf32)
@@ -60,7 +60,7 @@ or more of
                        scale, is_causal, mask_kind ("none", "bool", "float"), B, Hq, Hkv,
                        Lq, Lk, Dk, Dv, fully_masked (the case has a row with no attendable key),
                        fully_masked_causes (what emptied those rows), variants (the variant keywords
-                       the case passes, README "The contract"). Ready-made entries for conventions
+                       the case passes, docs/contract.md). Ready-made entries for conventions
                        real libraries share: ``deviations.py`` (attention_conformance.implementations
                        .deviations: large_finite_negative_mask_fill, float64_computed_in_float32,
                        masked_fill_overflow_16bit, scale_after_masking)

@@ -24,7 +24,7 @@ this contract (``ArrayAdapter`` gives the defaults):
     implementation (in the thread that calls it), given the case's NumPy arrays (a dict,
     nested dicts allowed): the framework settings that case needs and no others. JAX's
     enables x64 for a case with float64 arrays only; every other case runs under JAX's
-    defaults (README, "JAX and float64").
+    defaults (docs/declarations.md, "JAX and float64").
 ``versions()``
     Version of each module of ``VERSION_MODULES`` the process has imported, None for
     one it has not: the report's environment lists them. Never imports anything.
@@ -33,7 +33,7 @@ this contract (``ArrayAdapter`` gives the defaults):
     when the framework is already imported and started. Never imports anything.
 ``DIFFERENTIABLE`` and ``vjp(forward, primals, d_out, device)``
     Whether the suite may differentiate an implementation of this kind
-    (conformance/gradients.py), and how: ``forward(**arrays)`` is called on the
+    (conformance/judging/gradients.py), and how: ``forward(**arrays)`` is called on the
     native ``primals`` (name -> native array) and ``vjp`` returns ``(out,
     {name: gradient or None})`` as native arrays for the upstream NumPy ``d_out``;
     it raises NotDifferentiable when the output carries no gradient.
@@ -55,7 +55,7 @@ import numpy as np
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
 
 
-# 8-bit floating-point inputs (FP8 attention, issue 25; README "The contract", FP8): q, k and v stored as OCP float8
+# 8-bit floating-point inputs (FP8 attention, docs/contract.md, FP8): q, k and v stored as OCP float8
 # (e4m3fn: 4 exponent bits, 3 mantissa bits, no infinity, max 448; e5m2: 5 and 2, max 57344) with per-head descale
 # factors. An implementation declares them in DTYPES beside (or instead of) the computing dtypes above; only the
 # 8-bit tests (conformance/test_fp8.py, fixtures marked for them) run in them, and the 16/32/64-bit tests never do.

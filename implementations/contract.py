@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""The contract's names: its operations, their optional keywords and defaults, the FULLY_MASKED_ROWS policies and
+causes, the layouts and the sequence alignments (docs/contract.md). Every other module reads them from here.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +12,7 @@ FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
 
 
 # What leaves a fully masked row without a key, in the order that attributes a row to one of them (the first that
-# empties it on its own; README "The contract", FULLY_MASKED_ROWS): the removals a kernel handles on a path of their
+# empties it on its own; docs/contract.md, FULLY_MASKED_ROWS): the removals a kernel handles on a path of their
 # own first, the masks last. The two mask kinds are also the keys of the older {"bool": ..., "float": ...} form.
 FULLY_MASKED_CAUSES = ("key_lengths", "window", "causal", "bool", "float")
 
@@ -33,20 +35,20 @@ FLOAT32_MATMUL_MODES = ("ieee", "tf32")
 
 # Keywords whose default (the value in this dict) is never passed, so that an
 # implementation without the parameter still runs every case that does not need it.
-# The variant keywords of sdpa (issue 17; README, "The contract") and their defaults: keyword-only, passed only
+# The variant keywords of sdpa (docs/contract.md) and their defaults: keyword-only, passed only
 # when a case uses them.
 VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "query_offset": 0,
                     "query_lengths": None, "key_lengths": None,
-                    # Issue 25: attention sinks, chunked local attention, left padding (FlashAttention's names).
+                    # attention sinks, chunked local attention, left padding (FlashAttention's names).
                     "learnable_sink": None, "sink_token_length": 0, "attention_chunk": None, "key_leftpad": None}
 
 
-# Packed variable-length batches and paged KV caches (issue 25; README "The contract", spec/clauses.yaml varlen.*,
+# Packed variable-length batches and paged KV caches (docs/contract.md, spec/clauses.yaml varlen.*,
 # paged.*): one sdpa per sequence, with the variant keywords that make sense per sequence.
 SEQUENCE_VARIANT_DEFAULTS = {"window": None, "softcap": None, "alibi_slopes": None, "learnable_sink": None}
 
 
-# FP8 attention (issue 25; README "The contract", FP8): the descale factors of 8-bit q, k, v, float32 (B, Hkv) each,
+# FP8 attention (docs/contract.md, FP8): the descale factors of 8-bit q, k, v, float32 (B, Hkv) each,
 # FlashAttention 3's names and shapes. Keyword-only and passed only to the 8-bit cases; not variant keywords (no
 # "variants" fact, no SUPPORTS["variants"] entry): they are how 8-bit inputs carry their scale.
 DESCALE_DEFAULTS = {"q_descale": None, "k_descale": None, "v_descale": None}
@@ -93,6 +95,6 @@ def mask_cause(mask) -> str:
 
 
 def missing_keywords_message(impl_name: str, op: str, keywords) -> str:
-    """How every part of the suite says an operation's signature lacks keywords (conformance/summary.py groups
+    """How every part of the suite says an operation's signature lacks keywords (conformance/reporting/summary.py groups
     skipped items by this wording)."""
     return f"{impl_name}.{op} has no {', '.join(repr(k) for k in keywords)} parameter"

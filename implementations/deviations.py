@@ -1,7 +1,7 @@
 """Ready-made KNOWN_DEVIATIONS entries for conventions that real attention code shares.
 
 An adapter of a library that follows one of these conventions imports the entry instead of writing its own
-``when`` lambda (README, "The contract", ready-made deviations)::
+``when`` lambda (docs/contract.md, ready-made deviations)::
 
     from attention_conformance.implementations import deviations
 
@@ -11,8 +11,8 @@ An adapter of a library that follows one of these conventions imports the entry 
 Each factory returns a fresh ``{"clause", "when", "reason"}`` dict; ``note`` (the library and version measured)
 is appended to the reason. A case a ``when`` matches that fails one of its clauses is reported as a deviation
 (xfail, with the reason), never hidden and never passed; a case it does not match is judged as any other. Each
-``when`` is as narrow as the facts of a case allow (the keys are those of KNOWN_DEVIATIONS, README "The
-contract"), so the same entry declared by an implementation without the convention changes nothing where that
+``when`` is as narrow as the facts of a case allow (the keys are those of KNOWN_DEVIATIONS, docs/contract.md), so the
+same entry declared by an implementation without the convention changes nothing where that
 implementation is right, and a different defect still fails.
 
 The conventions, as the libraries write them:
@@ -38,7 +38,7 @@ The conventions, as the libraries write them:
 ``scale_after_masking``
     A kernel that masks with -inf and then multiplies by the scale (or folds the scale into the exponent)
     computes -inf * 0 = NaN for a scale of 0 and +inf for a negative scale: torch's CPU flash kernel under
-    is_causal, the CUDA flash and cuDNN kernels in 16 bits (measured on an H100, README "GPU").
+    is_causal, the CUDA flash and cuDNN kernels in 16 bits (measured on an H100, docs/gpu.md).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from attention_conformance.implementations.contract import FULLY_MASKED_CAUSES
 LARGE_FINITE_NEGATIVE_ROWS = {cause: ("nan" if cause == "float" else "uniform") for cause in FULLY_MASKED_CAUSES}
 
 
-# The variant keywords that remove keys (README "The contract"): with one of them a row can lose keys to a
+# The variant keywords that remove keys (docs/contract.md): with one of them a row can lose keys to a
 # removal beside its float mask. query_offset moves the causal band; it removes nothing on its own.
 KEY_REMOVING_VARIANTS = ("window", "key_lengths", "attention_chunk", "key_leftpad")
 

@@ -22,10 +22,10 @@ optional)::
     }
 
 and/or a method ``supports(facts) -> str | None`` returning why a case is outside
-(None: inside); facts are those of ``KNOWN_DEVIATIONS`` but ``fully_masked`` (README, "Facts":
+(None: inside); facts are those of ``KNOWN_DEVIATIONS`` but ``fully_masked`` (docs/declarations.md, "Facts":
 op, dtype, device, scale, is_causal, mask_kind, B, Hq, Hkv, Lq, Lk, Dk, Dv, variants).
 
-The suite draws generated cases *inside* the region (conformance/strategies.py), so an
+The suite draws generated cases *inside* the region (conformance/cases/), so an
 implementation that cannot run tiny shapes is judged on kernel-shaped ones instead of
 being starved; a drawn case that ``supports(facts)`` refuses is filtered out while drawing
 (Hypothesis counts it filtered), never called. A case outside it (a fixture, say) is
@@ -71,7 +71,7 @@ def scale_ok(sign: str, scale) -> bool:
 
 
 def variant_keywords() -> tuple[str, ...]:
-    """The variant keywords of sdpa (README, "The contract"): the names a "variants" declaration may list."""
+    """The variant keywords of sdpa (docs/contract.md): the names a "variants" declaration may list."""
     from attention_conformance.implementations.contract import VARIANT_DEFAULTS
 
     return tuple(VARIANT_DEFAULTS)

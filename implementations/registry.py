@@ -63,7 +63,7 @@ class Implementation:
     sequence_alignment: str = "bottom-right"  # SEQUENCE_ALIGNMENT: sdpa_varlen's and sdpa_paged's per-sequence band
     known_deviations: tuple = ()  # ({"clause", "when", "reason"}, ...) declared by the implementation
     spec: str = ""  # how to load it again (module[:attr] or builtin:name), used in repros
-    region: Region = EVERYTHING  # SUPPORTS / supports(): what it can run (implementations/_region.py)
+    region: Region = EVERYTHING  # SUPPORTS / supports(): what it can run (implementations/region.py)
     float32_matmul: dict = field(default_factory=dict)  # {device: "tf32"} where float32 matmuls run in TF32
     compiled: bool = False  # compiles per input signature (ARRAY="jax", COMPILED=True): fewer examples
     gradients: bool = True  # GRADIENTS=False: a forward-only sdpa, to which the gradient tests do not apply
@@ -339,7 +339,7 @@ def _describe_policy(declared):
 
 
 def parse_fully_masked_rows(declared, spec: str):
-    """FULLY_MASKED_ROWS validated (README "The contract"): a policy; {cause: policy}; {dtype: policy or
+    """FULLY_MASKED_ROWS validated (docs/contract.md): a policy; {cause: policy}; {dtype: policy or
     {cause: policy}}; or a callable(facts) returning a policy. An error names the implementation, the attribute and
     the key at fault."""
     def policy(value, where: str) -> None:

@@ -13,18 +13,18 @@ from attention_conformance.implementations.arrays import numpy_dtype
 
 ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params", "alibi_slopes", "query_lengths",
                 "key_lengths", "learnable_sink", "key_leftpad",
-                # sdpa_varlen and sdpa_paged (README "The contract"): offsets, used lengths, the caches and their table.
+                # sdpa_varlen and sdpa_paged (docs/contract.md): offsets, used lengths, the caches and their table.
                 "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "k_cache", "v_cache", "block_table")
 
 
-# FP8 attention (issue 25): the descale factors of 8-bit q, k, v, float32 (B, Hkv) whatever the 8-bit dtype.
+# FP8 attention: the descale factors of 8-bit q, k, v, float32 (B, Hkv) whatever the 8-bit dtype.
 DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
 ARRAY_INPUTS += DESCALES
 
 
-# The contract's form of these (README, "The contract"): ALiBi slopes and learnable sink logits are float32
+# The contract's form of these (docs/contract.md): ALiBi slopes and learnable sink logits are float32
 # (float64 in float64 cases), whatever the dtype of q; lengths and left paddings are int32. None is rounded to
 # a 16-bit dtype.
 SLOPES = "alibi_slopes"
@@ -37,7 +37,8 @@ LENGTHS = ("query_lengths", "key_lengths", "key_leftpad", "cu_seqlens_q", "cu_se
 
 
 class Case:
-    """op: softmax | sdpa | multi_head_attention | sdpa_varlen | sdpa_paged; inputs: arrays (float64 or bool) and options
+    """op: softmax | sdpa | multi_head_attention | sdpa_varlen | sdpa_paged; inputs: arrays (float64 or bool) and
+    options
     (axis, scale, is_causal, num_heads); clauses: the first is named when values disagree;
     label: a readable id (the fixture id, or a summary of a generated case).
 

@@ -11,7 +11,7 @@ declared region (SUPPORTS), then draws at random as before.
 How a corner becomes a case: ``CORNERS`` names each corner abstractly (a length relation,
 a kv-head layout, "the largest head dim"); ``hints_for`` turns it into concrete numbers for
 a region; the property's own strategy is then *built*, not drawn, by ``DeterministicDraw``:
-each labelled draw of conformance/strategies.py takes the hinted value when the property's
+each labelled draw of conformance/cases/ takes the hinted value when the property's
 strategy admits it (``admits``) and the strategy's first value otherwise. A property that
 holds a feature fixed (``causal=st.just(False)``, ``gqa=False``) therefore keeps it fixed,
 and its corners are those of the features it varies; two corners that build the same case
@@ -47,19 +47,19 @@ from attention_conformance.implementations.region import Region, causal_lengths_
 # 64) also for an implementation that takes the small shapes, whose other corners are small. long_cache: the decode
 # property's case of this corner has a cache past 4096 keys (strategies.DECODE_CACHE_LENGTHS); the second such corner,
 # with large scores, is where a split-KV combine that weights the splits by exp(lse) without subtracting the largest
-# overflows (a held-out kernel doing so failed 1 or 2 of about 1950 cases a run, in 16 bits only, before it). "long-q":
-# a long query (past LONG_QUERY_ROWS - 1 rows) against few keys, cheap (few scores a row): a kernel that ran its queries
-# in chunks of 256 and built each chunk's causal band from chunk-local rows passed two default runs. causal_only: a
-# property that holds is_causal off skips the corner (strategies.sdpa_cases). window: the window a variant case takes at
-# the corner ("past": a side beyond every key), else drawn. The third corner, every brief set's non-causal one, has
-# (past, 0): the right edge alone removes keys, the left never does (a kernel that ran full attention for a left side
-# past every query position without is_causal, libflash_attn PR 11, was caught only by one random decode case per run
-# before). The second corner is a compiling implementation's first corner of a brief set
+# overflows (an independently written kernel doing so failed 1 or 2 of about 1950 cases a run, in 16 bits only, before
+# it). "long-q": a long query (past LONG_QUERY_ROWS - 1 rows) against few keys, cheap (few scores a row): a kernel that
+# ran its queries in chunks of 256 and built each chunk's causal band from chunk-local rows passed two default runs.
+# causal_only: a property that holds is_causal off skips the corner (strategies.sdpa_cases). window: the window a
+# variant case takes at the corner ("past": a side beyond every key), else drawn. The third corner, every brief set's
+# non-causal one, has (past, 0): the right edge alone removes keys, the left never does (a kernel that ran full
+# attention for a left side past every query position without is_causal, libflash_attn PR 11, was caught only by one
+# random decode case per run before). The second corner is a compiling implementation's first corner of a brief set
 # (properties.BRIEF_CORNERS_COMPILED): grouped (Hkv 2, 2 query heads each), since a GQA mapping or a backward's sum over
-# a group that is wrong only with Hkv > 1 and G > 1 (a held-out JAX custom_vjp summing dk, dv in tile order) passed
-# every run while it was Hkv 1; its scale -0.35 (one of strategies.SCALES, so that sdpa_cases takes it) is no
-# +-1/sqrt(Dk) at its head dim 1 (a backward taking softcap's derivative at the default scale was exact at -1.0, tanh^2
-# being even).
+# a group that is wrong only with Hkv > 1 and G > 1 (an independently written JAX custom_vjp summing dk, dv in tile
+# order) passed every run while it was Hkv 1; its scale -0.35 (one of strategies.SCALES, so that sdpa_cases takes it) is
+# no +-1/sqrt(Dk) at its head dim 1 (a backward taking softcap's derivative at the default scale was exact at -1.0,
+# tanh^2 being even).
 CORNERS: tuple[dict, ...] = (
     dict(is_causal=True, lengths="q>k", kv="grouped", dk="max", scale=None, kernel=True, mask_kind="none"),
     dict(is_causal=True, lengths="q<k", kv="grouped", dk="min", scale=-0.35, mask_kind="none", batch=2),
@@ -127,7 +127,7 @@ def context_value(variable: contextvars.ContextVar, value):
 
 
 def building(hints: dict):
-    """Strategies built inside take these hints (conformance/strategies.py reads them with ``hint``)."""
+    """Strategies built inside take these hints (conformance/cases/ reads them with ``hint``)."""
     return context_value(_HINTS, hints)
 
 
@@ -176,7 +176,7 @@ def admits(strategy, value) -> bool:
         (s.start is None or value >= s.start) and (s.end is None or value <= s.end))
 
 
-# The draws of conformance/strategies.py that set a case's structure: without a hint they take the strategy's
+# The draws of conformance/cases/ that set a case's structure: without a hint they take the strategy's
 # first (simplest) value. Every other draw (values seeds, variant keywords, a permutation) is free.
 STRUCTURE_LABELS = frozenset({"kernel-shaped", "B", "Hkv", "Hq/Hkv", "is_causal", "query mode", "Lq = Lk",
                               "Lq (decode)", "Lq", "Lk", "Dk", "Dv == Dk", "Dv", "mask", "score magnitude", "scale"})
@@ -326,8 +326,8 @@ def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_
     # Lq * Lk; a corner past it draws its lengths instead: the batch-2 corners past a query block fell to Lq 1, Lk 1);
     # the length relation is the corner's point. A grouped corner gives up its batch entry first: its groups are its
     # point too (past a query block, B2 Hkv2 G2 at (129, 192) fell to one query head per kv head, so a compiling
-    # implementation's ALiBi and window properties met no grouped corner: a held-out kernel reading the slopes in the
-    # wrong GQA head order passed them).
+    # implementation's ALiBi and window properties met no grouped corner: an independently written kernel reading the
+    # slopes in the wrong GQA head order passed them).
     batch = corner.get("batch", 1)
     while corner["kv"] == "grouped" and batch * hkv * group * lq * lk > COVERING_SCORE_BUDGET and batch > 1:
         batch -= 1

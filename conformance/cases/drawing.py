@@ -1,9 +1,11 @@
-"""Every Hypothesis strategy of the suite, in one place.
+"""Drawing inside a region: what every strategy of conformance/cases/ shares.
 
-Draws are labelled and sizes capped (MAX_* below) so each example stays cheap and a
-failure shrinks to a small, readable case. Array values come from a drawn seed
-(NumPy's generator): shrinking then works on shapes, masks and flags, which is
-where attention bugs live, and a repro prints the values literally.
+The judged implementation's declared region (SUPPORTS, supports(facts)) is active while a property draws
+(``drawing_inside``); a draw it refuses, or whose derived case it refuses, is filtered out before any call. The mask
+kinds and their shapes, the causal flag, lengths in order and kernel-shaped lengths are drawn here. Draws are
+labelled and sizes capped (conformance/cases/limits.py) so each example stays cheap and a failure shrinks to a small,
+readable case; array values come from a drawn seed (NumPy's generator), so shrinking works on shapes, masks and
+flags, where attention bugs live, and a repro prints the values literally.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from attention_conformance.implementations.region import EVERYTHING, Region, cau
 class DerivedCase:
     """A second case a property makes from the drawn one (or the drawn case as the test changes it before its
     first call), told by the facts it changes. It must lie inside the region as the drawn case does: a property
-    whose derived case no drawn case could keep inside does not apply (conformance/properties.py, decided at
+    whose derived case no drawn case could keep inside does not apply (conformance/harness/properties.py, decided at
     collection); otherwise a draw whose derived case supports(facts) refuses is filtered out while drawing."""
 
     what: str  # what the property does to the drawn case, for the skip reason
@@ -217,8 +219,8 @@ def kernel_lengths(draw, region: Region, budget_per_pair: int, same_lengths: boo
         top = region.lengths.max or 2048
         candidates = [n for n in range(region.lengths.min, top + 1, region.lengths.multiple)][:64]
     if lengths is not None:  # the property asks for lengths of its own (tile edges, say): honour those inside
-        lq = draw(_inside(lengths, region.lengths), label="Lq")
-        lk = lq if same_lengths else draw(_inside(lengths, region.lengths), label="Lk")
+        lq = draw(inside_range(lengths, region.lengths), label="Lq")
+        lk = lq if same_lengths else draw(inside_range(lengths, region.lengths), label="Lk")
         return lq, lk
     modes = ("prefill", "cross") if is_causal else KERNEL_QUERY_MODES
     mode = query_mode or ("prefill" if same_lengths else draw(st.sampled_from(modes), label="query mode"))
@@ -293,7 +295,7 @@ def build_mask(rng, kind, shape, lq, lk, is_causal, allow_empty_rows):
     return keep
 
 
-def _inside(sizes, allowed):
+def inside_range(sizes, allowed):
     """``sizes`` kept inside a region's IntRange. No filter where the range admits every size: Hypothesis reads
     a filter predicate's source to look for bounds (inspect.getsource, about 1 ms), once per strategy built,
     and these are built on every draw: that was a tenth of a property test's time."""
@@ -323,13 +325,13 @@ def hinted_lengths(region: Region, heads: int, same_lengths: bool, lengths, quer
     return (lq, lk) if fits else None
 
 
-def _is_causal(draw, causal, region: Region) -> bool:
+def draw_is_causal(draw, causal, region: Region) -> bool:
     """The covering corner's is_causal where the property and the region admit it, else a drawn one."""
     wanted = hint("is_causal")
     return wanted if admits(causal, wanted) and (region.causal or not wanted) else draw(causal, label="is_causal")
 
 
-def _mask_kind(draw, kinds: list[str]) -> str:
+def draw_mask_kind(draw, kinds: list[str]) -> str:
     """The covering corner's mask kind where the property draws it, else its ``mask``-th kind, else a drawn one (a
     corner about its mask kind alone, ``mask_only``, is not built where the property does not draw that kind)."""
     if hint("mask_kind") in kinds:

@@ -1,7 +1,6 @@
-"""Loading spec/ and fixtures/: safe YAML, schema validation, cross-checks.
-
-Any defect stops the run with one SpecError that names the file, the entry id and
-the field. Everything here is read once per session and cached.
+"""The worked examples of fixtures/: loaded through safe YAML and their schema, their shapes cross-checked, and every
+one checked against the oracle when it loads (a fixture the oracle does not bear out stops the run, naming the file,
+the entry and the field). Read once per session and cached.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from attention_conformance.conformance.specdata import (
     FIXTURES_DIR,
     Clause,
     SpecError,
-    _schema_errors,
+    schema_problems,
     clauses,
     read_yaml,
     relative,
@@ -201,7 +200,7 @@ def _check_head_parameters(inputs: dict, b: int, hq: int, fail) -> None:
 
 
 def _check_eight_bit(fx: Fixture, fail) -> None:
-    """An FP8 fixture (issue 25): descale factors of shape (B, Hkv), finite and float32-exact, and q, k, v exactly
+    """An FP8 fixture: descale factors of shape (B, Hkv), finite and float32-exact, and q, k, v exactly
     representable in each of its 8-bit dtypes (else the rounding to the dtype would change the case the printed
     values are of); descales only beside 8-bit dtypes."""
     from attention_conformance.conformance.reference import oracle
@@ -309,7 +308,7 @@ def load_fixture_file(path: Path, known_clauses: dict[str, Clause]) -> list[Fixt
     entry need the earlier ones) and raised as one SpecError.
     """
     document = read_yaml(path)
-    schema_errors = _schema_errors(document, "fixtures.schema.yaml", path, "fixtures")
+    schema_errors = schema_problems(document, "fixtures.schema.yaml", path, "fixtures")
     problems = [error for _, error in schema_errors]
     if any(index is None for index, _ in schema_errors):
         raise SpecError.of(problems)

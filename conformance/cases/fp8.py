@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""Hypothesis strategies of 8-bit cases: q, k, v in float8 with per-(batch, kv head) descale factors
+(sdpa.fp8-descale), small and kernel-shaped, the factors drawn per form.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +11,8 @@ from attention_conformance.conformance.cases.drawing import ACTIVE, keep_inside
 from attention_conformance.conformance.cases.variants import variant_cases
 from attention_conformance.implementations.region import shape_facts
 
-# ------------------------------------------------------------------ FP8 attention (issue 25)
-# 8-bit q, k, v with per-(batch, kv head) descale factors (README "The contract", FP8; spec/clauses.yaml
+# ------------------------------------------------------------------ FP8 attention
+# 8-bit q, k, v with per-(batch, kv head) descale factors (docs/contract.md, FP8; spec/clauses.yaml
 # sdpa.fp8-descale), on a case of variant_cases: its real values x are quantized the way FP8 inference stores
 # them, stored = fp8(x / descale), and the case holds the stored values (exact in the 8-bit dtype under test) and
 # the float32 factors. Each tensor draws how its factors are set: "calibrated" (descale = max |x| / the format's

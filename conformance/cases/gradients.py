@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""Hypothesis strategies of gradient cases: an sdpa or variant case plus an upstream gradient dO (0 on rows without a
+key and on padding rows), boolean masks turned into float ones where the property takes dmask.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -87,7 +89,7 @@ def variant_gradient_cases(draw, *, variants, required, clauses, mask_kinds=("no
 GRADIENT_SOFTCAP_MAX = 100.0
 
 
-def _without(case: Case, names) -> Case:
+def without_keywords(case: Case, names) -> Case:
     dropped = {n: VARIANT_DEFAULTS[n] for n in names}
     if "key_lengths" in names:
         dropped["query_lengths"] = None

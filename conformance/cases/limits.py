@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""The case space's sizes: the caps that keep each example cheap and shrinking readable, the tile edges and the
+kernel-shaped sizes (head dims, lengths past blocks, decode caches, GQA groups) and the score budget of a case.
+"""
 from __future__ import annotations
 
 from hypothesis import strategies as st

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""Hypothesis strategies of multi_head_attention: projections, head splits, cross attention, masks, the causal flag,
+and the variant keywords applied per head (mha.variants).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +9,8 @@ from hypothesis import strategies as st
 from attention_conformance.conformance.cases.case import Case
 from attention_conformance.conformance.cases.covering import admits, hint
 from attention_conformance.conformance.cases.drawing import (
-    _is_causal,
-    _mask_kind,
+    draw_is_causal,
+    draw_mask_kind,
     active_region,
     build_mask,
     keep_inside,
@@ -84,11 +86,11 @@ def mha_cases(draw, *, clauses=("mha.projections",), bias=st.sampled_from(BIAS_K
         e += 1  # keep the head width away from E / H
         e_kv = e_kv if is_cross else e
     with_bias = draw(bias, label="bias")  # which projections carry a bias
-    is_causal = _is_causal(draw, causal, region)
+    is_causal = draw_is_causal(draw, causal, region)
     if is_causal and not region.causal:
         outside_region("is_causal=True (declared causal: False)")
     lq, lk = lengths_in_order(lq, lk, region, is_causal)
-    kind = _mask_kind(draw, kinds)
+    kind = draw_mask_kind(draw, kinds)
     keep_inside(draw, {"op": "multi_head_attention", "B": b, "Hq": h, "Hkv": h, "Lq": lq, "Lk": lk, "Dk": dk,
                         "Dv": dv, "E": e, "E_k": e_kv, "E_v": e_kv, "E_out": e, "is_causal": bool(is_causal),
                         "mask_kind": mask_class(kind)})

@@ -7,8 +7,8 @@ implementation ``onnx/reference/ops/op_attention.py``). ``collect()`` runs that
 generator, so the cases are byte for byte the ones ONNX writes to
 ``onnx/backend/test/data/node/test_attention_*`` for the installed version.
 
-Each case is mapped onto the contract of README "The contract" (sdpa with the
-variant keywords of issue 17), following op_attention.py (onnx 1.23.2):
+Each case is mapped onto the contract of docs/contract.md (sdpa with the
+variant keywords), following op_attention.py (onnx 1.23.2):
 
 * 3-D packed inputs (B, L, H*D) with q_num_heads/kv_num_heads are reshaped to
   (B, H, L, D), and Y back: a layout, not a semantic.

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""Hypothesis strategies of sdpa: shapes (small or kernel-shaped), masks of every kind and broadcast, the causal
+flag, scales of both signs, score magnitudes, GQA groups, and the float16 outlier channel past its range.
+"""
 from __future__ import annotations
 
 import math
@@ -9,9 +11,9 @@ from hypothesis import strategies as st
 from attention_conformance.conformance.cases.case import Case
 from attention_conformance.conformance.cases.covering import CannotBuild, admits, hint, hinted
 from attention_conformance.conformance.cases.drawing import (
-    _inside,
-    _is_causal,
-    _mask_kind,
+    inside_range,
+    draw_is_causal,
+    draw_mask_kind,
     active_region,
     build_mask,
     equal_lengths,
@@ -88,7 +90,7 @@ def sdpa_cases(
         needed = {"bool"} if bottom_right_mask else {mask_class(k) for k in mask_kinds}
         outside_region(f"the property needs a {'/'.join(sorted(needed))} mask "
                         f"(declared masks: {', '.join(region.masks)})")
-    # A covering corner (conformance/covering.py) hints its structure; a hint the property's own strategy does not
+    # A covering corner (conformance/cases/covering.py) hints its structure; a hint the property's own strategy does not
     # admit is not taken. Random draws see no hints.
     kernel = query_mode is not None or not small_shapes_inside(region) or (
         hint("kernel") if hint("kernel") is not None
@@ -107,7 +109,7 @@ def sdpa_cases(
             outside_region(f"Hq/Hkv = {group} (declared gqa: {region.gqa}, max_group: {region.max_group})")
         group = 1 if not region.gqa else min(group, region.max_group)
     hq = hkv * group
-    is_causal = _is_causal(draw, causal, region)
+    is_causal = draw_is_causal(draw, causal, region)
     if is_causal and not region.causal:
         outside_region("is_causal=True (declared causal: False)")
     if hint("causal_only") and not is_causal:
@@ -123,7 +125,7 @@ def sdpa_cases(
             lq, lk = kernel_lengths(draw, region, KERNEL_SCORE_BUDGET // (b * hq), same_lengths, lengths, is_causal,
                                      query_mode)
         if dims is not None and small_shapes_inside(region):  # the property's own widths (tile edges) fit
-            dims = _inside(dims, region.head_dims)
+            dims = inside_range(dims, region.head_dims)
         else:
             dims = st.sampled_from(region.head_dims.members(KERNEL_HEAD_DIMS) or [region.head_dims.min])
     else:
@@ -131,7 +133,7 @@ def sdpa_cases(
         if not corner_lengths:
             lq = draw(lengths, label="Lq")
             lk = lq if same_lengths else draw(lengths, label="Lk")
-        dims = _inside(st.integers(1, MAX_DIM) if dims is None else dims, region.head_dims)
+        dims = inside_range(st.integers(1, MAX_DIM) if dims is None else dims, region.head_dims)
     lq, lk = lengths_in_order(lq, lk, region, is_causal)
     if corner_lengths and lk > DECODE_CORNER_PAST:
         narrow = region.head_dims.members(tuple(d for d in KERNEL_HEAD_DIMS if d <= DECODE_CORNER_MAX_DK))
@@ -144,7 +146,7 @@ def sdpa_cases(
         dv = dk
     else:
         dv = wanted_dv if wanted_dv is not None and admits(dims, wanted_dv) else draw(dims, label="Dv")
-    kind = _mask_kind(draw, kinds)
+    kind = draw_mask_kind(draw, kinds)
     magnitudes = st.sampled_from(sigmas)
     sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
                                                                                       label="score magnitude")
@@ -194,7 +196,7 @@ OUTLIER_HEAD_DIMS = (16, 32, 64, 128)  # scale 1/sqrt(Dk) <= 1/4: |scale q.k| <=
 
 
 # A kernel-shaped case takes its region's kernel head dims instead (cuDNN's include 8: |scale q.k| <= 3.5e4, a row's
-# scores spanning 6.9e4, which found torch's cuDNN holding removed keys at a finite fill; README "GPU"). Below Dk 4 the
+# scores spanning 6.9e4, which found torch's cuDNN holding removed keys at a finite fill; docs/gpu.md). Below Dk 4 the
 # product shrinks so that |scale q.k| stays at most OUTLIER_SCALED_SCORE: a case float16 cannot hold is no case.
 OUTLIER_SCALED_SCORE = 0.75 * 65504.0
 

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""Hypothesis strategies of packed (sdpa_varlen) and paged (sdpa_paged) batches: sequence lengths at tile and page
+edges, empty sequences, shuffled and shared pages, garbage past the used keys, and the variants per sequence.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -27,16 +29,16 @@ from attention_conformance.conformance.cases.limits import (
 from attention_conformance.conformance.cases.variants import (
     SINK_FORMS,
     SINK_FORMS_THAT_MATTER,
-    _alibi_slopes,
-    _softcap,
+    draw_alibi_slopes,
+    draw_softcap,
     sink_logits,
     window_side,
 )
 from attention_conformance.conformance.reference import oracle
 from attention_conformance.implementations.region import Region, shape_facts
 
-# ------------------------------------------------------------------ packed batches and paged KV caches (issue 25)
-# sdpa_varlen and sdpa_paged (README "The contract"; spec/clauses.yaml varlen.*, paged.*): a batch of up to
+# ------------------------------------------------------------------ packed batches and paged KV caches
+# sdpa_varlen and sdpa_paged (docs/contract.md; spec/clauses.yaml varlen.*, paged.*): a batch of up to
 # MAX_SEQUENCES sequences with their own query and key lengths, drawn at the corners real kernels get wrong: a
 # sequence without queries or without keys, more queries than keys (rows the bottom-right band leaves without a key),
 # a decode sequence, sequence boundaries off every tile; paged caches with pages shuffled across the pool, pages
@@ -141,9 +143,9 @@ def _sequence_variants(draw, op: str, inputs: dict, variants, b: int, hq: int, m
     if "softcap" in wanted or "learnable_sink" in wanted:
         scores = _sequence_scores(op, inputs, hq)
     if "softcap" in wanted:
-        inputs["softcap"] = _softcap(draw, float(np.abs(scores[np.isfinite(scores)]).max(initial=0.0)), words)
+        inputs["softcap"] = draw_softcap(draw, float(np.abs(scores[np.isfinite(scores)]).max(initial=0.0)), words)
     if "alibi_slopes" in wanted:
-        inputs["alibi_slopes"] = _alibi_slopes(draw, b, hq, "per-sequence", words)
+        inputs["alibi_slopes"] = draw_alibi_slopes(draw, b, hq, "per-sequence", words)
     if "learnable_sink" in wanted:
         form = draw(st.sampled_from(SINK_FORMS if hint("index") is None else SINK_FORMS_THAT_MATTER),
                     label="sink logits")
@@ -163,7 +165,8 @@ def _corner_window(op: str, inputs: dict) -> tuple | None:
     sequence has keys (the block table's keys, paged), else None (drawn). Bottom-right, that sequence's first rows sit
     before its keys: FlashAttention's varlen and kvcache paths give a bounded left side with an unbounded right the
     right edge seqlen_k (the batch's longest, or the table's pages times their size), which removes keys from those
-    rows (flash-attention issue 895; a held-out kernel doing so passed 4 of 9 runs under random windows)."""
+    rows (flash-attention issue 895; an independently written kernel doing so passed 4 of 9 runs under random
+    windows)."""
     if inputs.get("is_causal"):
         return None  # the band bounds the right
     sequences = oracle.sequence_cases(op, inputs)

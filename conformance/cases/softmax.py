@@ -1,4 +1,4 @@
-"""TODO docstring."""
+"""Hypothesis strategies of softmax: shapes, the axis, magnitudes, -inf entries and long rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +21,8 @@ def softmax_cases(draw, *, clauses=("softmax.definition",), sigmas=tuple(SCORE_S
     # wrong tail (the last partial vector) shows only past those widths.
     corner = hint("index")
     if corner is not None and corner < len(SOFTMAX_CORNER_LENGTHS):
-        # The first covering corners (conformance/covering.py) are rows past the widths a kernel chunks at, several
-        # of them: a chunked path errs only in rows whose maximum lies past the first chunk.
+        # The first covering corners (conformance/cases/covering.py) are rows past the widths a kernel chunks at,
+        # several of them: a chunked path errs only in rows whose maximum lies past the first chunk.
         chosen_axis = -1 if ndim == 1 else chosen_axis
         shape = [SOFTMAX_CORNER_ROWS] * max(ndim, 2)
         shape[chosen_axis] = SOFTMAX_CORNER_LENGTHS[corner]

@@ -1,4 +1,9 @@
-"""TODO docstring."""
+"""Cases an implementation cannot run: unsupported, never failed.
+
+A strategy that cannot draw inside the declared region, or a call the implementation refuses, marks the case
+unsupported (the example rejected inside Hypothesis, the test skipped elsewhere); a property whose first
+UNSUPPORTED_BEFORE_SKIP cases were all unsupported is skipped saying why.
+"""
 from __future__ import annotations
 
 import pytest

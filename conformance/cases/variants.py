@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""Hypothesis strategies of sdpa's variant keywords, drawn at their edges: windows, softcap, ALiBi, the query offset,
+key and query lengths (variant_cases), and learnable sinks, sink tokens, chunks and left padding
+(sink_chunk_leftpad_cases).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +15,7 @@ from attention_conformance.conformance.reference import oracle
 from attention_conformance.implementations.region import shape_facts
 
 # ------------------------------------------------------------------ variants
-# The sdpa variants of the contract (README, "The contract"; issue 17). A variant case is an sdpa case
+# The sdpa variants of the contract (docs/contract.md). A variant case is an sdpa case
 # drawn as above (inside the active region, kernel-shaped where the region demands it) with variant
 # keywords added, each drawn at its edges: windows of 0, past the length and one side unbounded; softcaps
 # from strong saturation to no-op, relative to the case's own score magnitude; ALiBi slopes geometric
@@ -39,7 +42,7 @@ def _lengths(limit: int):
     return st.sampled_from(sorted({0, 1, limit})) | st.integers(0, limit)
 
 
-def _softcap(draw, top: float, words: list[str]) -> float:
+def draw_softcap(draw, top: float, words: list[str]) -> float:
     """A softcap of SOFTCAP_RATIOS times the case's largest |score| ``top``; its label word appended to ``words``."""
     ratio = draw(st.sampled_from(SOFTCAP_RATIOS), label="softcap / max |score|")
     # Kept within 1e-2 .. 6e4: a softcap a 16-bit implementation rounds to its dtype stays normal and finite.
@@ -48,7 +51,7 @@ def _softcap(draw, top: float, words: list[str]) -> float:
     return cap
 
 
-def _alibi_slopes(draw, b: int, hq: int, per_row: str, words: list[str]) -> np.ndarray:
+def draw_alibi_slopes(draw, b: int, hq: int, per_row: str, words: list[str]) -> np.ndarray:
     """ALiBi slopes: geometric (Hq,), random over three decades (Hq,), or random per example / sequence (B, Hq) (the
     form named ``per_row``); the label word appended to ``words``."""
     form = draw(st.sampled_from(["geometric", "random", per_row]), label="ALiBi slopes")
@@ -81,9 +84,9 @@ def draw_variant_keywords(draw, inputs: dict, variants) -> list[str]:
         scale_value = inputs.get("scale", q.shape[-1] ** -0.5)
         top = float(np.max(np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, q.shape[1]), -1, -2) * scale_value),
                            initial=0.0))
-        inputs["softcap"] = _softcap(draw, top, words)
+        inputs["softcap"] = draw_softcap(draw, top, words)
     if "alibi_slopes" in variants:
-        inputs["alibi_slopes"] = _alibi_slopes(draw, b, q.shape[1], "per-example", words)
+        inputs["alibi_slopes"] = draw_alibi_slopes(draw, b, q.shape[1], "per-example", words)
     if "lengths" in variants:
         inputs["key_lengths"] = np.array([draw(_lengths(lk), label="key length") for _ in range(b)], dtype=np.int32)
         words.append(f"key_lengths={inputs['key_lengths'].tolist()}")
@@ -116,8 +119,8 @@ def variant_cases(draw, *, variants=VARIANTS, clauses=("sdpa.variant-order",), m
     return Case("sdpa", inputs, case.clauses, f"{case.label} {' '.join(words)}", mask_kind=case.mask_kind)
 
 
-# ------------------------------------------------------------------ variants of issue 25
-# Learnable attention sinks, sink tokens, chunked local attention and left padding (README "The contract";
+# ------------------------------------------------------------------ sinks, chunks and left padding
+# Learnable attention sinks, sink tokens, chunked local attention and left padding (docs/contract.md;
 # spec/clauses.yaml sdpa.learnable-sink ... sdpa.key-leftpad), each drawn at its edges on a case of variant_cases:
 # sink logits above a row's scores, among them, far below them (no effect) or mixed across heads, also on
 # rows without keys; chunks of 1, 2, a few, the key length and past it; sink tokens 1 .. Lk beside a window whose

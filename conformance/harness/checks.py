@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""What every test module shares: a device present, a judge and a check of one case, two outputs that must agree,
+a derived case, and why an implementation cannot run a property (``requires`` of property_test).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -62,10 +64,9 @@ def needs_keywords(*keywords: str, combined=(), at_least: int = 0):
     """``requires`` of property_test: why ``impl`` cannot run a property using these keywords (None: it can).
 
     ``combined``: keywords the property adds where the implementation runs them (``optional`` of the strategy);
-    ``at_least`` of them must be run. A property about one keyword needs that keyword alone: until stop 44 the
-    window and ALiBi properties also needed query_offset, so jax_dpa's window and slopes were never judged against
-    the oracle, nor any ALiBi of an implementation without an offset (a held-out one mapping slopes to heads in the
-    wrong GQA order passed every forward property)."""
+    ``at_least`` of them must be run. A property about one keyword needs that keyword alone: one that also needed
+    query_offset would leave the window and ALiBi of an implementation without an offset (jax_dpa's) unjudged, and a
+    kernel mapping ALiBi slopes to heads in the wrong GQA order would pass every forward property."""
 
     def reason(impl):
         if not impl.implements("sdpa"):

@@ -4,7 +4,7 @@
 test_variants.py, test_mha.py, test_gradients.py, test_dropout.py). For one implementation,
 device and dtype it
 
-1. runs the property's deterministic **covering set** (conformance/covering.py): its corners made
+1. runs the property's deterministic **covering set** (conformance/cases/covering.py): its corners made
    concrete inside the implementation's declared region, each run once; a corner that fails
    fails the test at once, with no shrinking;
 2. then draws **random examples** with Hypothesis, as many as the budget below leaves;
@@ -14,7 +14,7 @@ device and dtype it
    failing test only the cases judged before its first failure and its final (smallest) failing
    example stay in the session's records.
 
-The budget (README, "Speed"): an implementation that takes the small shapes and calls cheaply
+The budget (docs/speed.md): an implementation that takes the small shapes and calls cheaply
 runs the profile's max_examples per property, corners first, at least MIN_RANDOM_EXAMPLES of them
 random. An implementation whose calls compile (ARRAY="jax", COMPILED=True) runs at least
 FLOOR_PER_PROPERTY judged examples per forward property: six corners, replayed with new values (no
@@ -40,7 +40,7 @@ from attention_conformance.conformance.judging.evidence import remember_call
 from attention_conformance.conformance.judging.records import RECORDS
 from attention_conformance.implementations.region import EVERYTHING
 
-JIT_EXAMPLE_DIVISOR = 10  # see README, "Speed": XLA compiles once per distinct input signature
+JIT_EXAMPLE_DIVISOR = 10  # see docs/speed.md: XLA compiles once per distinct input signature
 
 
 MIN_JIT_EXAMPLES = 1
@@ -98,7 +98,7 @@ class ShrinkingStopped(BaseException):
         self.clause = getattr(failure, "clause", None)
         self.record = getattr(failure, "record", None)
         super().__init__(f"{failure}\n\n(Hypothesis shrank this failure for {seconds:.0f} s, the limit "
-                         f"SHRINK_BUDGET_S of conformance/properties.py: the case above is the smallest failing "
+                         f"SHRINK_BUDGET_S of conformance/harness/properties.py: the case above is the smallest failing "
                          f"one found by then)")
 
 
@@ -207,13 +207,14 @@ def _same_structure(value) -> str:
 
 # kernel_corners=UNLESS_COMPILED: the window, softcap, ALiBi, query-offset, key-lengths and learnable-sink properties,
 # whose tiled kernels' bugs live in the key blocks a window or a causal band leaves whole, past a kernel's first query
-# block of 128 rows, or in its split-KV decode path (held-out kernels that skipped the softcap there, added the sink once per
-# key block, cut the window's last key block at a query block's first row, measured ALiBi from the row inside its
-# query block, masked key lengths in the last key block only, or forgot the sink in split-KV decode passed default
-# runs). Their corners "q>k" and "q=k" go one past 128 rows (covering._length_pair) and the brief set adds decode.
-# Kernel-shaped corners there and in causal-with-mask cost the compiling built-ins 29 s of CPU cold (19.5 -> 48.4 s,
-# mostly XLA compiles), the others 0.5 s warm. A compiling implementation gets one: its first brief corner (a held-out
-# Pallas kernel whose causal key-block bound floored query_offset to its block passed every run on small corners).
+# block of 128 rows, or in its split-KV decode path (independently written kernels that skipped the softcap there, added
+# the sink once per key block, cut the window's last key block at a query block's first row, measured ALiBi from the row
+# inside its query block, masked key lengths in the last key block only, or forgot the sink in split-KV decode passed
+# default runs). Their corners "q>k" and "q=k" go one past 128 rows (covering._length_pair) and the brief set adds
+# decode. Kernel-shaped corners there and in causal-with-mask cost the compiling built-ins 29 s of CPU cold (19.5 ->
+# 48.4 s, mostly XLA compiles), the others 0.5 s warm. A compiling implementation gets one: its first brief corner (an
+# independently written Pallas kernel whose causal key-block bound floored query_offset to its block passed every run on
+# small corners).
 UNLESS_COMPILED = "unless compiled"
 
 

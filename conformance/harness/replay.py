@@ -1,4 +1,12 @@
-"""TODO docstring."""
+"""``attention-conformance repro ID``: a failure's saved case (conformance/judging/evidence.py) loaded and replayed.
+
+``replay`` loads the implementation (the saved --impl spec, or another one), rebuilds the arguments and runs the
+property test's own body on them outside Hypothesis, so the verdict goes through the same calls, layout, dtype,
+device, oracle and checks as in the run, a relation between two calls included. A test that drew its case some
+other way (a fixture, a large shape, ``st.data()``) is replayed as the judge's verdict on the failed case (a
+fixture's against its printed values too). ``python_script`` writes the failed case as a standalone script: the
+call, the oracle and the error, arrays inline up to MAX_INLINE_ELEMENTS, else read from the .npz.
+"""
 from __future__ import annotations
 
 import json

@@ -7,7 +7,7 @@ is filed under its clause, not the test's. So a causal off-by-one met by a test 
 reported as causal.top-left, where its repro is read. When the case also passes without the feature it
 was drawn for (its own probe), the fault stays with the test's clause.
 
-``Attribution`` is the part of the Judge (judging.py) that makes these probes. A probe records nothing
+``Attribution`` is the part of the Judge (verdict.py) that makes these probes. A probe records nothing
 and never skips: it only answers "does the implementation pass this case?".
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from attention_conformance.conformance.cases.case import Case
-from attention_conformance.conformance.judging.containment import _copies, call_with_limit, flat, is_array
+from attention_conformance.conformance.judging.containment import input_copies, call_with_limit, flat, is_array
 from attention_conformance.conformance.judging.expected import allowed_error, expected_output
 from attention_conformance.conformance.reference import oracle
 from attention_conformance.conformance.reference.output_forms import SEQUENCE_OPS, canonical_output
@@ -59,7 +59,7 @@ MHA_VARIANT_PROBES = ("sink_token_length", "attention_chunk", "key_leftpad", "al
                       "query_offset", "softcap", "learnable_sink")
 
 
-# FP8 attention (issue 25): an 8-bit case drawn for the descale clause is probed with one factor per tensor.
+# FP8 attention: an 8-bit case drawn for the descale clause is probed with one factor per tensor.
 FP8_DESCALE_CLAUSE = "sdpa.fp8-descale"
 
 
@@ -72,7 +72,8 @@ def _descales_repeated(inputs: dict, group: int) -> dict:
 def _scores_matter(case: Case) -> bool:
     """Whether some row of the case weighs two or more terms (attended keys, and the learnable sink). A row of one
     term puts weight 1 on it whatever the scores, so a probe that leaves every row so (one key, its sink taken out)
-    passes any fault of the scores, the scale or a float mask's values, and acquits nothing (a held-out MHA that
+    passes any fault of the scores, the scale or a float mask's values, and acquits nothing (an independently written
+    MHA that
     added its float mask before the scale was filed under sdpa.learnable-sink on such a case)."""
     inputs = case.inputs
     if case.op == "sdpa":
@@ -176,7 +177,7 @@ class Attribution:
             return False
         try:
             got = canonical_output(case.op, call_with_limit(impl, case.label, impl.call, case.op,
-                                                            _copies(case.arrays(inputs)), case.options(), self.device,
+                                                            input_copies(case.arrays(inputs)), case.options(), self.device,
                                                             limit=self.call_limit()))
             policy = self.policy(case, inputs) if alignment is None else (self.impl.uniform_policy or "zeros")
             alignment = alignment or self.alignment

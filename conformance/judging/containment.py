@@ -8,7 +8,7 @@ The implementation gets copies of the inputs, so the oracle and every later chec
 it was given even if it wrote to them. A case the implementation cannot run (outside its region,
 a keyword it lacks, NotImplementedError) is unsupported: skipped or rejected, never failed.
 
-``Containment`` is the part of the Judge (judging.py) that calls the implementation; it leaves the
+``Containment`` is the part of the Judge (verdict.py) that calls the implementation; it leaves the
 wording and recording of a verdict (``fail``, ``record``), the oracle (``_expected_shape``) and the
 attribution of a raised exception (``surfaced_fault``, attribution.py) to the rest of the Judge.
 """
@@ -230,13 +230,13 @@ def _call_in_thread(impl, label: str, limit: float | None, fn, args, kwargs) -> 
 
 
 # ------------------------------------------------------------ the inputs and the result
-# The implementation gets copies (``_copies``); after the call each copy, and the framework array
+# The implementation gets copies (``input_copies``); after the call each copy, and the framework array
 # made of it, is compared with the original (``_difference``), so a write to an input is seen even
 # when the framework shares memory with the copy it was handed.
-def _copies(value):
+def input_copies(value):
     """The implementation's own copies of the inputs (dicts of arrays copied too)."""
     if isinstance(value, dict):
-        return {key: _copies(item) for key, item in value.items()}
+        return {key: input_copies(item) for key, item in value.items()}
     return value.copy() if isinstance(value, np.ndarray) else value
 
 
@@ -361,7 +361,7 @@ class Containment:
         self.require_support(case, inputs)
         __tracebackhide__ = True
         originals = case.arrays(inputs)
-        given = _copies(originals)
+        given = input_copies(originals)
         passed: dict = {}
         raised = None
         try:

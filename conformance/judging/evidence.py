@@ -1,9 +1,10 @@
-"""Repros: every failure's case saved as ``ID.npz``, and ``attention-conformance repro ID`` replaying it.
+"""Repro files: every failure's case saved as ``ID.npz``, for ``attention-conformance repro ID``
+(conformance/harness/replay.py) to replay.
 
 A verdict (Judge.fail) carries its ``Evidence``: the implementation, dtype and device, the case that failed (its
 inputs as float64 masters, its options, clauses, label, mask kind and notes), the judge class that gave the verdict
-and, for a property test, the test function and the arguments it was called with (properties.py adds them: the
-drawn case, and the other drawn values such as a shift or a permutation seed). At the end of a failed test, in
+and, for a property test, the test function and the arguments it was called with (harness/properties.py adds them:
+the drawn case, and the other drawn values such as a shift or a permutation seed). At the end of a failed test, in
 the process that ran it (an xdist worker writes, its controller prints), the plugin saves each verdict's evidence
 (``save``), whatever the size of its arrays.
 
@@ -12,13 +13,6 @@ label: short, stable between runs (the same failing case of the same test overwr
 between tests and cases. Files go beside the JSON report (``--conformance-report out/run.json``: ``out/run-repro/``,
 emptied when a run starts), else under pytest's cache (``.pytest_cache/d/attention-conformance/repro/``), else
 (``-p no:cacheprovider``) under ``.attention-conformance/repro/`` in the rootdir.
-
-``replay`` (``attention-conformance repro ID``) loads the implementation (the saved --impl spec, or another one),
-rebuilds the arguments and runs the property test's own body on them outside Hypothesis, so the verdict goes
-through the same calls, layout, dtype, device, oracle and checks as in the run, a relation between two calls
-included. A test that drew its case some other way (a fixture, a large shape, ``st.data()``) is replayed as the
-judge's verdict on the failed case (``Judge.replay``). ``python_script`` writes the failed case as a standalone
-script: the call, the oracle and the error, arrays inline up to MAX_INLINE_ELEMENTS, else read from the .npz.
 
 File format (numpy's .npz, loaded without pickle): ``meta`` holds a JSON string (FORMAT, what is above);
 ``case/NAME`` the failed case's arrays (``case/params.w_q`` for a dict of arrays); ``arg/KEYWORD/NAME`` those of a

@@ -1,8 +1,9 @@
 """What a case should give: the oracle's output and the tolerance model's allowed error, by operation.
 
-Both the verdict (judging.py) and the attribution's probes (attribution.py) ask these of a Case, and
+Both the verdict (verdict.py) and the attribution's probes (attribution.py) ask these of a Case, and
 what emptied each fully masked row (the cause its FULLY_MASKED_ROWS policy is looked up by);
-they live apart from either so that neither module imports the other. Inputs are the case's
+they live apart from either so that neither module imports the other. A Reference computes a case once:
+its output under each policy, its allowed error and its rows without keys are read from it. Inputs are the case's
 inputs already rounded to the dtype under test; they are widened to float64 (exactly) here, so the
 oracle and the bound see the very values the implementation got.
 """

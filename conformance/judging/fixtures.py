@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""Judging a worked example of fixtures/: against the oracle and, in the dtypes of a direct comparison, against the
+values its source document printed (or away from its counterexample).
+"""
 from __future__ import annotations
 
 import numpy as np

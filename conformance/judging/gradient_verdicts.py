@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""Judging gradients: the GradientJudge and the verdict on dq, dk, dv, dmask and dsink against the analytic
+backward (clauses grad.*; docs/gradients.md), a GQA fault blamed on the head mapping where per-head gradients
+agree.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -68,7 +71,7 @@ def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
     raised = None
     try:
         return judge.limited(case, gradients, impl, inputs, inputs["d_out"], judge.device)
-    except ImplementationHung as exc:  # past the call time limit (conformance/checks.py)
+    except ImplementationHung as exc:  # past the call time limit (conformance/judging/verdict.py)
         judge.hung(case, inputs, exc)
     except NotImplementedError as exc:
         judge.not_implemented(case, exc)

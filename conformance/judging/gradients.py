@@ -2,7 +2,7 @@
 
 ``gradients(impl, inputs, d_out, device)`` differentiates the implementation's own
 sdpa with its framework's autodiff, through the ``vjp`` of the implementation's
-array adapter (implementations/_arrays.py): for ARRAY "torch" the inputs become
+array adapter (implementations/arrays.py): for ARRAY "torch" the inputs become
 leaf tensors with requires_grad and ``out.backward(d_out)`` runs; for ARRAY "jax"
 ``jax.vjp`` runs over a function of (q, k, v[, mask]) calling sdpa. Which kinds
 differentiate at all (DIFFERENTIABLE) is what the adapters declare. Only a float
@@ -14,7 +14,7 @@ gives out, dq, dk, dv back in it; they are returned here as (B, H, L, D).
 
 ``backward_allowed`` evaluates the ``sdpa_backward`` section of spec/tolerances.yaml
 (the derivation is written there) against the float64 analytic backward of
-conformance/oracle_backward.py.
+conformance/reference/backward.py.
 
 Variant keywords (grad.softcap, grad.variants, grad.learnable-sink) reach the
 implementation's sdpa as in a forward call: a learnable sink is differentiated
@@ -82,7 +82,7 @@ def gradients(impl, inputs: dict[str, Any], d_out: np.ndarray, device: str) -> d
             extra["learnable_sink"] = learnable_sink
         return impl.obj.sdpa(q, k, v, **extra)
 
-    with kind.precision(inputs):  # JAX: x64 for a float64 case only (implementations/_arrays.py)
+    with kind.precision(inputs):  # JAX: x64 for a float64 case only (implementations/arrays.py)
         out, grads = kind.vjp(forward, primals, impl.output_to_layout("sdpa", np.asarray(d_out)), device)
     result = {"out": impl.output_from_layout("sdpa", _to_f64(kind, out))}
     for name in names:

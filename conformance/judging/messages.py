@@ -1,4 +1,6 @@
-"""Verdict messages, copy-pasteable repros, and the per-case records kept for the report."""
+"""The wording of a verdict: the failure message (clause, case, worst element, the error against the allowed error), the
+copy-pasteable repro snippet of ``--print-python``, and ConformanceFailure, the exception that carries a verdict.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -12,7 +14,7 @@ from attention_conformance.conformance.specdata import clauses
 
 class ConformanceFailure(AssertionError):
     """A verdict against an implementation. ``clause`` is the clause it breaks; ``evidence`` what its repro file
-    holds (conformance/repro.py), from which the terminal's failure block is written (failure_block.py)."""
+    holds (conformance/judging/evidence.py), from which the terminal's failure block is written (failure_block.py)."""
 
     def __init__(self, clause: str, message: str, record: CaseRecord | None = None, evidence=None):
         self.clause = clause
@@ -34,7 +36,8 @@ def _array_literal(array: np.ndarray, dtype: str) -> str:
 def array_source(arrays_file: str | None, dtype: str):
     """(lines to put first, source(name, key, array, dtype) of one input array) for a repro snippet.
 
-    Inline literals by default; with ``arrays_file`` (a repro's .npz, conformance/repro.py) the inputs are read from
+    Inline literals by default; with ``arrays_file`` (a repro's .npz, conformance/judging/evidence.py) the inputs are
+    read from
     it and rounded to ``dtype`` as the run rounded them (Case.rounded), however large they are.
     """
     if arrays_file is None:
@@ -46,7 +49,7 @@ def array_source(arrays_file: str | None, dtype: str):
 
 
 def own_dtype(name: str, value: np.ndarray, dtype: str) -> str:
-    # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype (README, "The contract").
+    # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype (docs/contract.md).
     own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink", *DESCALES)
     return str(value.dtype) if own else dtype
 

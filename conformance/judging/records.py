@@ -1,4 +1,8 @@
-"""TODO docstring."""
+"""The record of every judged case (RECORDS) and how records are kept, compared and reduced to distinct cases.
+
+A record holds figures to FIGURE_DIGITS significant digits and, in the report, its message without the repro
+command where another record of the same test carries it.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -24,7 +28,7 @@ class CaseRecord:
     ratio: float | None = None
     message: str = ""
     shapes: dict[str, list[int]] = field(default_factory=dict)
-    repro_id: str = ""  # a failure whose repro file was saved (conformance/repro.py): its ID
+    repro_id: str = ""  # a failure whose repro file was saved (conformance/judging/evidence.py): its ID
 
     def as_dict(self, repro: bool = True) -> dict[str, Any]:
         """The record as written to the JSON report (docs/report.md, ``cases[]``), compacted.
@@ -120,7 +124,8 @@ def _worst_ratio(rec: CaseRecord) -> float:
 FIGURE_DIGITS = 6
 
 
-# The line before a failure's repro command (conformance/repro.py): --impl modules import from that directory.
+# The line before a failure's repro command (conformance/judging/evidence.py): --impl modules import from that
+# directory.
 REPRO_HEADING = "repro (run in the directory pytest ran in):"
 
 

@@ -1,4 +1,4 @@
-"""Judging: the verdict on one case, its wording and its record.
+"""The verdict on one case, its wording and its record: the Judge.
 
 ``Judge.judge`` compares an output with the float64 oracle under the tolerance model
 (spec/tolerances.yaml), checks fully masked rows against the declared FULLY_MASKED_ROWS policy, and
@@ -9,7 +9,7 @@ RECORDS for the summary and the report.
 The Judge is one object per implementation, dtype and device. Its other two jobs have modules of
 their own, mixed in here: calling the implementation safely (containment.py) and blaming the clause
 at fault when a case fails because of a feature the test is not about (attribution.py). What the
-case should give comes from expected.py.
+case should give comes from expected.py, computed once per case (expected.Reference).
 """
 from __future__ import annotations
 
@@ -312,7 +312,8 @@ class Judge(Containment, Attribution):
         return oracle.judged_rows(inputs["q"], inputs.get("query_lengths"))
 
     def _unjudged(self, case: Case, inputs: dict, want: np.ndarray) -> np.ndarray:
-        """Output elements with nothing to check: the oracle has no value there (the 'nan' policy) or the row is padding."""
+        """Output elements with nothing to check: the oracle has no value there (the 'nan' policy) or the row is
+        padding."""
         padded = False
         if case.op == "sdpa":
             padded = ~np.broadcast_to(self.judged_rows(case, inputs)[..., None], want.shape)

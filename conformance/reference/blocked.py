@@ -298,7 +298,7 @@ def fully_masked_rows(q, k, mask=None, is_causal=False, block: int = DEFAULT_BLO
     return empty
 
 
-# ------------------------------------------- variants, packed and paged batches (issue 25)
+# ------------------------------------------- variants, packed and paged batches
 # Every variant of the contract is row-local too: query row i sits at position query_offset + i for the causal band,
 # the window, ALiBi and the chunk; the key-side variants (key_lengths, key_leftpad, sink tokens, the learnable sink,
 # softcap) do not look at the row at all. So a block of rows is the same case with q's and the mask's rows cut out

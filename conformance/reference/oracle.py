@@ -100,7 +100,8 @@ def key_options(variants: dict) -> dict:
 
 def attention_bias(mask, is_causal: bool, lq: int, lk: int, *, window=None, query_offset: int = 0,
                    key_lengths=None, sink_token_length: int = 0, attention_chunk=None, key_leftpad=None) -> np.ndarray:
-    """The additive bias a mask and the key-removing options stand for: 0 or the float mask where allowed, -inf elsewhere.
+    """The additive bias a mask and the key-removing options stand for: 0 or the float mask where allowed, -inf
+    elsewhere.
 
     A boolean mask is True where the query may attend; a float mask is added as
     it is. The causal flag (shifted by query_offset), the window, the chunk, the key lengths and the
@@ -355,8 +356,8 @@ def mha_output(trace: dict, params, policy) -> np.ndarray:
     return _projected(merged, {name: _f64(value) for name, value in params.items()}, "o")
 
 
-# ------------------------------------------------------------------ packed and paged batches (issue 25)
-# sdpa_varlen and sdpa_paged (README "The contract"; spec/clauses.yaml varlen.*, paged.*) are defined through the
+# ------------------------------------------------------------------ packed and paged batches
+# sdpa_varlen and sdpa_paged (docs/contract.md; spec/clauses.yaml varlen.*, paged.*) are defined through the
 # padded sdpa above, one sequence at a time: sequence b is an sdpa case of batch 1 with its own queries and keys,
 # its queries placed by SEQUENCE_ALIGNMENT (query_offset Lk_b - Lq_b bottom-right, which is negative where a
 # sequence has more queries than keys, or 0 top-left), and the variant keywords that make sense per sequence.
@@ -505,7 +506,7 @@ def mha_fully_masked_rows(inputs: dict) -> np.ndarray:
                              **variant_options(inputs))
 
 
-# ------------------------------------------------------------------ FP8 attention (issue 25)
+# ------------------------------------------------------------------ FP8 attention
 # 8-bit q, k, v carry per-head descale factors (spec/clauses.yaml sdpa.fp8-descale): the oracle computes on the
 # dequantized values, exactly (a float8 value times a float32 factor is exact in float64), and everything else
 # (the scale, softcap, masks, the other variants) applies to those as to any inputs.

@@ -1,9 +1,11 @@
-"""TODO docstring."""
+"""The judge's form of outputs: sdpa_varlen's (total_q, Hq, Dv) held as (1, Hq, total_q, Dv) beside sdpa's
+(B, Hq, L, D), so that the rows machinery (fully masked rows, their causes and policies) is shared.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-# ------------------------------------------------------------ packed and paged batches (issue 25)
+# ------------------------------------------------------------ packed and paged batches
 # sdpa_varlen and sdpa_paged are judged as the sdpa cases of their sequences (oracle.sequence_cases): each output
 # row, its allowed error, whether it has a key and what emptied it are those of its sequence's sdpa case. The judge
 # holds their results in one form with sdpa's (B, Hq, L, D), so that the rows machinery (fully masked rows, their

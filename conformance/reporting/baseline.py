@@ -1,7 +1,7 @@
 """``--baseline OLD.json``: this run compared with an earlier report: what broke, what was fixed, which declared
 deviations appeared or went, per implementation and device (and environment, for merged reports).
 
-Both sides are read as merged reports (conformance/merge.py; a runner's report is a merged report of one
+Both sides are read as merged reports (conformance/reporting/merge.py; a runner's report is a merged report of one
 environment), and compared cell by cell: environment x implementation x device x clause.
 
 * **newly broken**: the cell has failed cases now and had none in the baseline (or was not in it);
@@ -9,7 +9,8 @@ environment), and compared cell by cell: environment x implementation x device x
 * **deviation added / gone**: declared deviations now and none before / before and none now, among judged cases;
 * cells judged on one side only are counted (a run of fewer tests judges fewer clauses: not a change).
 
-Environments are paired by their key (conformance/provenance.py); what is left is paired by ``--environment-label``,
+Environments are paired by their key (conformance/reporting/provenance.py); what is left is paired by
+``--environment-label``,
 and a run of one environment with a baseline of one is paired whatever changed (a torch upgrade is exactly what
 one wants compared), the change listed. An environment the baseline lacks is compared with nothing: its failed
 cells are newly broken.

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""The conformance counts of a run: distinct cases judged per implementation and operation, and the reasons cases
+were not judged. The terminal summary (summary.py), the JSON report and a merged report print the same numbers.
+"""
 from __future__ import annotations
 
 import re

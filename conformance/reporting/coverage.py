@@ -1,6 +1,6 @@
 """A run that judged nothing is not green: the coverage rule, checked once at the end of the run.
 
-The rule (README, "Coverage"):
+The rule (docs/coverage-and-depth.md):
   1. Every implementation and operation that had runnable test items in this run (an
      operation it exposes, on a device present, in a dtype it declares) must have at
      least ``--min-judged`` (default 1) cases *judged*: passed, failed or a declared
@@ -16,12 +16,13 @@ before its end (SIGTERM, Ctrl-C, -x) is not held to the rule: its report says it
 Under xdist the workers collect and run; each sends which (implementation, operation)
 pairs it had runnable items for, and the controller decides.
 
-A shard of a split run (``--shard I/N``, conformance/shards.py) runs a part of the items, so its own counts say
+A shard of a split run (``--shard I/N``, conformance/reporting/shards.py) runs a part of the items, so its own counts
+say
 nothing about rules 1 and 3: a shard may hold none, or only unsupported, cases of an implementation that the
 other shards judge plenty of. It applies rule 2, which depends only on the whole selection (every shard collects
 all of it before keeping its share, so every shard reaches the same verdict), and writes what rules 1 and 3 need
 into its report (``coverage_rule``: the whole run's runnable pairs, its collected count, the floor);
-``attention-conformance merge`` applies them to the cases of all N shards together (conformance/merge.py).
+``attention-conformance merge`` applies them to the cases of all N shards together (conformance/reporting/merge.py).
 """
 from __future__ import annotations
 
@@ -200,4 +201,5 @@ def enforce(session, impls, user_named: set[str], why_not_runnable) -> None:
 def terminal_lines(config) -> list[str]:
     lines = config.stash.get(PROBLEMS_KEY, [])
     verdict = "reported only (--allow-unjudged)" if config.getoption("allow_unjudged") else "the run fails"
-    return [f"COVERAGE: {line}" for line in lines] + ([f"(coverage rule, README 'Coverage': {verdict})"] if lines else [])
+    rule = [f"(coverage rule, docs/coverage-and-depth.md: {verdict})"] if lines else []
+    return [f"COVERAGE: {line}" for line in lines] + rule

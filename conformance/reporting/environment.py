@@ -1,5 +1,5 @@
 """The machine and libraries of a run, for the report's ``environment``: this process's, and under xdist the
-workers' (each sends its own, conformance/transport.py), united."""
+workers' (each sends its own, conformance/reporting/transport.py), united."""
 from __future__ import annotations
 
 import platform

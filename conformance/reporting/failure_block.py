@@ -2,7 +2,7 @@
 
 At the end of a test that failed with verdicts (ConformanceFailure, HungEarlier, a ShrinkingStopped around one, or
 Hypothesis's group of them), in the process that ran it (an xdist worker), ``after_test`` saves each verdict's repro
-file (conformance/repro.py) and marks its record with the ID. Unless the command line names a traceback style
+file (conformance/judging/evidence.py) and marks its record with the ID. Unless the command line names a traceback style
 (``--tb=long``, ``--tb=short``, ...: the whole traceback, for debugging the suite), the report's longrepr then
 becomes one block per verdict::
 
@@ -117,7 +117,7 @@ def _shrinking_note(error: BaseException) -> str:
     from attention_conformance.conformance.harness.properties import SHRINK_BUDGET_S, ShrinkingStopped
 
     if isinstance(error, ShrinkingStopped):
-        return (f"Hypothesis shrank this failure for SHRINK_BUDGET_S = {SHRINK_BUDGET_S:g} s (conformance/properties.py)"
+        return (f"Hypothesis shrank this failure for SHRINK_BUDGET_S = {SHRINK_BUDGET_S:g} s (conformance/harness/properties.py)"
                 ": the case above is the smallest failing one found by then")
     return ""
 

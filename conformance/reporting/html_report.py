@@ -96,7 +96,8 @@ def e(value: Any) -> str:
 
 
 # --------------------------------------------------------------------------- helpers
-def _table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "", numeric: Iterable[int] = ()) -> str:
+def table_html(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "",
+               numeric: Iterable[int] = ()) -> str:
     """A table from already-escaped cell HTML."""
     numeric = set(numeric)
     head = "".join(f'<th{" class=num" if i in numeric else ""}>{h}</th>' for i, h in enumerate(headers))
@@ -215,9 +216,9 @@ def _environment(report: dict) -> str:
                    for name, v in devices.items()]
     out = ["<h2>Environment</h2>", f'<p>Platform: <span class="mono">{e(env.get("platform"))}</span></p>',
            '<div style="display:flex; gap:2em; flex-wrap:wrap"><div><h3>Versions</h3>',
-           _table(["package", "version"], version_rows, "meta"),
+           table_html(["package", "version"], version_rows, "meta"),
            '<p class="note">A framework is listed only if the run imported it.</p></div>',
-           "<div><h3>Devices</h3>", _table(["device", "name"], device_rows, "meta"),
+           "<div><h3>Devices</h3>", table_html(["device", "name"], device_rows, "meta"),
            '<p class="note">cuda: the GPUs torch saw (only when the run imported torch); jax: the devices of '
            "JAX's started backends (only when the run used JAX). Under xdist, united over the workers.</p>"
            "</div></div>"]
@@ -261,7 +262,7 @@ def _implementations(report: dict, counts: dict[str, Counter], names: list[str])
             notes,
         ])
     return ("<h2>Implementations</h2>"
-            + _table(["implementation", "cases by status", "declared dtypes", "fully masked rows",
+            + table_html(["implementation", "cases by status", "declared dtypes", "fully masked rows",
                       "known deviations", "operations", "array / devices", "skipped because"], rows)
             + '<p class="note">Counts are distinct cases (a fixture case, or a Hypothesis example: each once, '
               "however often it was replayed), not pytest tests. <i>deviation</i>: a failure the implementation "
@@ -416,7 +417,7 @@ def _ratio_table(points: list[dict], names: list[str]) -> str:
             above_html = f'<b style="color:{PLOT_COLOURS["failed"]}">{above}</b>' if above else "0"
             rows.append([e(name), e(dtype), str(len(ratios)), e(fmt(ratios[len(ratios) // 2])),
                          e(fmt(ratios[-1])), above_html])
-    return _table(["implementation", "dtype", "cases", "median ratio", "worst ratio", "above 1"], rows,
+    return table_html(["implementation", "dtype", "cases", "median ratio", "worst ratio", "above 1"], rows,
                   "ratios", numeric=[2, 3, 4, 5])
 
 
@@ -601,7 +602,7 @@ def _failures(cases: list[dict]) -> str:
             str(len(records)),
             folded,
         ])
-    out.append(_table(["implementation", "clause / test", "case", "problem / worst element", "ratio", "records",
+    out.append(table_html(["implementation", "clause / test", "case", "problem / worst element", "ratio", "records",
                        ""], rows, "failures", numeric=[4, 5]))
     if len(keys) > MAX_FAILURE_GROUPS:
         out.append(f'<p class="note">{len(keys) - MAX_FAILURE_GROUPS} more group(s) are in the JSON report.</p>')
@@ -619,11 +620,12 @@ def _other_outcomes(cases: list[dict]) -> str:
     rows = [[e(impl), e(status), f"<code>{e(clause)}</code>", f"<pre>{e(message)}</pre>", str(n)]
             for (impl, status, clause, message), n in sorted(grouped.items(), key=lambda kv: tuple(map(str, kv[0])))]
     return ("<h2>Deviations and unsupported cases</h2>"
-            + _table(["implementation", "status", "clause", "reason", "cases"], rows, numeric=[4]))
+            + table_html(["implementation", "status", "clause", "reason", "cases"], rows, numeric=[4]))
 
 
 def baseline_section(result: dict | None) -> str:
-    """--baseline: the cells that changed since the earlier report (conformance/baseline.py), newly broken first."""
+    """--baseline: the cells that changed since the earlier report (conformance/reporting/baseline.py), newly broken
+    first."""
     if not result:
         return ""
     suite = result.get("suite") or {}
@@ -644,7 +646,7 @@ def baseline_section(result: dict | None) -> str:
         if not rows:
             continue
         out.append(f"<h3>{title} ({len(rows)})</h3>")
-        out.append(_table(
+        out.append(table_html(
             (["environment"] if several else []) + ["implementation", "device", "clause", f"{count} now / judged",
                                                      f"{count} before / judged"],
             [([e(r["environment"])] if several else []) + [

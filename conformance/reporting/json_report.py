@@ -1,5 +1,5 @@
 """The JSON conformance report (`--conformance-report PATH`, docs/report.md, docs/report-schema.json) and the HTML
-page beside it (conformance/html_report.py)."""
+page beside it (conformance/reporting/html_report.py)."""
 from __future__ import annotations
 
 import gzip
@@ -70,7 +70,7 @@ def _relative_to_report(directory: Path, config) -> str:
 
 
 def _environment(config) -> dict:
-    """The run's environment, with what makes it comparable across runners (conformance/provenance.py): the
+    """The run's environment, with what makes it comparable across runners (conformance/reporting/provenance.py): the
     installed framework versions, the OS and architecture, and --environment-label."""
     env = {**environment.environment(), "installed": provenance.installed_versions(), "machine": provenance.machine()}
     label = config.getoption("environment_label", None)

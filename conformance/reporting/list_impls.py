@@ -84,7 +84,7 @@ def keyword_lines(impl: Implementation, op: str) -> list[str]:
                 line += f" (not: {', '.join(k for k in of_op if k not in accepted)})"
     lines = [line]
     eight_bit = [d for d in impl.dtypes if is_eight_bit(d)]
-    if op == "sdpa" and eight_bit:  # FP8 attention (issue 25): what its 8-bit cases need
+    if op == "sdpa" and eight_bit:  # FP8 attention: what its 8-bit cases need
         missing = [k for k in DESCALE_DEFAULTS if accepted is not None and k not in accepted]
         descales = f"missing: {', '.join(missing)} (every 8-bit case unsupported)" if missing \
             else ", ".join(DESCALE_DEFAULTS)

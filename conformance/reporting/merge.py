@@ -1,21 +1,23 @@
 """`attention-conformance merge REPORT... -o combined.json`: the reports of several runners as one matrix.
 
 A CI runs the suite on several runners (a CPU job, GPU jobs of several kinds, several framework versions) and may
-split one run across N runners (``--shard I/N``, conformance/shards.py). Each writes its own JSON report; this
+split one run across N runners (``--shard I/N``, conformance/reporting/shards.py). Each writes its own JSON report; this
 module reads them and writes one merged report (docs/report.md, "The merged report"; its schema is the ``merged``
-branch of docs/report-schema.json) and its HTML page (conformance/merged_html.py):
+branch of docs/report-schema.json) and its HTML page (conformance/reporting/merged_html.py):
 
 1. **Shards become one run.** Reports written with ``--shard`` are grouped by their run: the same shard count,
    selection digest, suite, spec, label, Python, OS and installed framework versions. A group must have each index
    once and one plan (the same durations file); a missing shard leaves the run incomplete, two reports of one index
    or two plans are an error. The shards' environments are united as an xdist controller unites its workers'.
-2. **Runs are kept apart by environment.** Each run's environment key (conformance/provenance.py: label, Python,
+2. **Runs are kept apart by environment.** Each run's environment key (conformance/reporting/provenance.py: label,
+Python,
    OS and architecture, installed framework versions, accelerator models) names a column set ``E1``, ``E2``, ...;
-   runs of one key are one environment (a case both judged counts once, ``report.distinct``), runs of different
+   runs of one key are one environment (a case both judged counts once, ``records.distinct``), runs of different
    keys are never summed into one cell.
 3. **One matrix:** a cell per environment x implementation x device x clause with its judged, passed, failed,
    deviation and unsupported counts and the indices of its failed cases in ``cases[environment]``.
-4. **The coverage rule of split runs.** A shard cannot apply rules 1 and 3 alone (conformance/coverage.py); the
+4. **The coverage rule of split runs.** A shard cannot apply rules 1 and 3 alone (conformance/reporting/coverage.py);
+the
    merge applies them to the cases of all shards of a complete run, with the floor the shards were given.
 
 Everything is ordered canonically (environments by key, cases by implementation, device, clause, test, case,

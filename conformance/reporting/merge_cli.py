@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""``attention-conformance merge REPORT... -o combined.json``: the command line of merge.py (reading, the baseline,
+the JSON and its HTML page, the durations file).
+"""
 from __future__ import annotations
 
 import argparse

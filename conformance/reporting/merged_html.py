@@ -1,4 +1,5 @@
-"""The HTML page of a merged report (conformance/merge.py): one self-contained file, as html_report.py's for one run.
+"""The HTML page of a merged report (conformance/reporting/merge.py): one self-contained file, as html_report.py's for
+one run.
 
 Top to bottom: what was merged (reports, environments, whether the whole is complete, the coverage lines), the
 baseline comparison when there is one, the matrix (a row per clause; a column per implementation x device x
@@ -15,7 +16,7 @@ from attention_conformance.conformance.reporting.html_report import (
     EXIT_MEANINGS,
     MAX_FAILURE_GROUPS,
     STATUS_COLOURS,
-    _table,
+    table_html,
     baseline_section,
     cell_status,
     clause_ids,
@@ -66,7 +67,7 @@ def _environments(merged: dict) -> str:
         rows.append([f"<b>{e(env_id)}</b>", e(env["description"]), e(device_text), sources,
                      "yes" if env["complete"]
                      else f'<span class="badge bad">no</span> {e(env.get("incomplete_reason"))}'])
-    return ("<h2>Environments</h2>" + _table(["", "environment", "devices", "reports", "complete"], rows)
+    return ("<h2>Environments</h2>" + table_html(["", "environment", "devices", "reports", "complete"], rows)
             + '<p class="note">Runs with the same label, Python, OS, installed framework versions and accelerators '
               "are one environment (a case both judged counts once); the shards of a split run are one run.</p>")
 
@@ -132,7 +133,8 @@ def _failures(merged: dict) -> str:
         rows.append([f'<span id="{e(anchor(cell))}"><b>{e(cell["implementation"])}</b></span><br>'
                      f"{e(cell['device'])} · {e(cell['environment'])}",
                      f"<code>{e(cell['clause'])}</code>", f"{cell['failed']} / {cell['judged']}", listed + folded])
-    out.append(_table(["implementation", "clause", "failed / judged", "failed cases"], rows, "failures", numeric=[2]))
+    out.append(table_html(["implementation", "clause", "failed / judged", "failed cases"], rows, "failures",
+                          numeric=[2]))
     if len(failing) > MAX_FAILURE_GROUPS:
         out.append(f'<p class="note">{len(failing) - MAX_FAILURE_GROUPS} more failing cells are in the JSON '
                    "report.</p>")

@@ -1,5 +1,6 @@
-"""What a report carries so that two reports can be compared (conformance/baseline.py) and the reports of several
-runners put together (conformance/merge.py): a digest of the spec the verdicts were judged by, each
+"""What a report carries so that two reports can be compared (conformance/reporting/baseline.py) and the reports of
+several
+runners put together (conformance/reporting/merge.py): a digest of the spec the verdicts were judged by, each
 implementation's version, the installed versions of the frameworks, and the key of the run's environment.
 
 Nothing here imports a framework: installed versions come from the distributions' metadata.

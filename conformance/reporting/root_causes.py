@@ -70,7 +70,7 @@ WORDS = {  # factor -> how a cause line says it
 
 # An exception raised whenever one factor holds is often a refusal the implementation documents (Keras's NumPy
 # backend and grouped kv heads): the declaration that makes such cases unsupported, so the rest is judged (a property
-# stops at its first failure, and since stop 41 each property's first corner has grouped kv heads).
+# stops at its first failure, and each property's first corner has grouped kv heads).
 DECLARATIONS = {
     ("kv", "grouped"): '"gqa": False', ("kv", "one"): '"gqa": False',
     ("scale", "negative"): '"scale": "nonnegative"', ("scale", "zero"): '"scale": "positive"',
@@ -112,7 +112,8 @@ def factors(rec) -> frozenset:
     found = {("dtype", rec.dtype)}
     mha = _MHA_LABEL.search(rec.case or "")
     if mha:  # a multi-head attention case (strategies.mha_cases): its projections' biases, heads and widths
-        # A held-out module that added the in-projection bias to q only failed 31 cases under 9 clauses, no cause.
+        # An independently written MHA that added the in-projection bias to q only failed 31 cases under 9 clauses, no
+        # cause.
         found |= _shape_factors(bool(mha["causal"]), mha["mask"].split("-")[0], int(mha["lq"]), int(mha["lk"]),
                                 mha["dk"])
         found |= {("in_bias", "yes" if mha["bias"] in ("input", "all") else "no"),

@@ -1,5 +1,5 @@
 """``--shard I/N``: one run split across N runners, each running its share of the items and writing its own report;
-``attention-conformance merge`` puts the N reports back together (conformance/merge.py).
+``attention-conformance merge`` puts the N reports back together (conformance/reporting/merge.py).
 
 The split is a function of the selected items alone (after -k, -m and the suite's own deselections), so every
 shard, and every xdist worker inside a shard, computes the same plan without talking to the others:
@@ -19,7 +19,7 @@ Every shard records its part of the plan (``shard`` in the report): the digests 
 plan, so that ``merge`` can tell the shards of one run apart from another's and refuse shards split by different
 durations files (some items would have run twice, others never).
 
-The coverage rule (conformance/coverage.py) needs the whole run: a shard applies the part that depends on the
+The coverage rule (conformance/reporting/coverage.py) needs the whole run: a shard applies the part that depends on the
 collection alone (an implementation you named that can run nothing) and writes the rest into its report for the
 merge to apply to all N shards together.
 """

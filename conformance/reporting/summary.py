@@ -1,7 +1,8 @@
-"""The conformance counts of a run and its end-of-run summary in the terminal.
+"""The end-of-run summary in the terminal: per implementation the cases judged (counts.py), the root causes and the
+clauses broken, the coverage rule, the comparison with a baseline and the skipped items by reason.
 
-Counts are of distinct cases (report.distinct: a replayed example is one case), per implementation and per
-operation; the JSON report (conformance/json_report.py) carries the same numbers as its ``summary``.
+Counts are of distinct cases (records.distinct: a replayed example is one case), per implementation and per
+operation; the JSON report (conformance/reporting/json_report.py) carries the same numbers as its ``summary``.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def terminal_summary(tr, config) -> None:
         tr.write_line(f"{name} breaks: {', '.join(clause_ids)}")
     for line in coverage.absent_lines():
         tr.write_line(line)
-    for line in compared:  # --baseline: what changed since the earlier report (conformance/baseline.py)
+    for line in compared:  # --baseline: what changed since the earlier report (conformance/reporting/baseline.py)
         tr.write_line(line)
     from attention_conformance.conformance.reporting import shards
 
@@ -119,5 +120,5 @@ MISSING_KEYWORD = re.compile(r"(?:unsupported: )?(?P<impl>\S+)\.(?P<op>\w+) has 
 MISSING_KEYWORD_LINE = "unsupported (keywords not in the signature):"
 
 
-# The default run stays short (issue 16: under ~80 lines when nothing fails): the most frequent reasons, then one line.
+# The default run stays short (under ~80 lines when nothing fails): the most frequent reasons, then one line.
 SKIP_REASONS_SHOWN = 6

@@ -219,7 +219,8 @@ def stop_workers() -> list[str]:
     """The controller was interrupted: SIGTERM each worker it has not heard from, so that it stops at once, streams
     what it judged and exits (xdist would otherwise wait 10 s for a busy worker, then kill it). Returns their ids.
 
-    A worker stopped this way ends its session as interrupted (conformance/session.py), as under `timeout`, which
+    A worker stopped this way ends its session as interrupted (conformance/harness/session.py), as under `timeout`,
+    which
     signals the whole process group."""
     directory = _DIRECTORY["path"]
     if not directory or not os.path.isdir(directory) or not hasattr(signal, "SIGTERM"):

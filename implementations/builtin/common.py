@@ -1,40 +1,7 @@
-"""Built-in implementations: one small class per framework code path.
-
-Each class meets the contract in ``implementations/__init__.py``: it exposes
-``softmax``, ``sdpa`` and ``multi_head_attention`` on its framework's arrays and
-declares ARRAY, DTYPES and FULLY_MASKED_ROWS. Frameworks are imported inside the
-methods, never at module import, so listing the built-ins imports no framework.
-
-Paths:
-  numpy_oracle  the float64 oracle of conformance/oracle.py (float64 only)
-  numpy_native  the same math computed in the input dtype, rounding after every step
-  torch_math    hand-written torch ops
-  torch_sdpa    torch.nn.functional.scaled_dot_product_attention (torch picks the kernel)
-  torch_sdpa_flash, torch_sdpa_efficient, torch_sdpa_cudnn
-                the same pinned to one CUDA kernel (CUDA only)
-  torch_flex    torch.nn.attention.flex_attention under torch.compile (CUDA only)
-  torch_flex_cpu  the same flex_attention eager on the CPU (its reference semantics, every variant)
-  torch_nn_mha  torch.nn.MultiheadAttention (multi_head_attention only)
-  jax_dpa       jax.nn.dot_product_attention (XLA path; TF32 float32 matmuls on GPU, JAX's default)
-  jax_dpa_cudnn jax.nn.dot_product_attention(implementation="cudnn") (CUDA only)
-  jax_pallas_flash  the Pallas (Triton) flash attention of jax.experimental.pallas.ops.gpu (CUDA only)
-  jax_numpy     hand-written jax.numpy, float32 matmuls at full float32 precision (CPU: float64 and float32)
-  torch_scaled_mm_fp8  float8 q, k, v (both 8-bit dtypes): torch._scaled_mm for q @ k^T and P @ V with the descale
-                factors as its scales, P cast to float8 after FlashAttention 3's 2^8 offset, bfloat16 out (FP8
-                attention, issue 25; 8-bit cases only, CPU)
-
-The variant keywords of sdpa (window, softcap, alibi_slopes, query_offset, query_lengths,
-key_lengths; learnable_sink, sink_token_length, attention_chunk, key_leftpad; README "The
-contract") are in the signature of every path that can express them; a path without one is
-unsupported on the cases that use it (README, "What the built-ins taught us", says which and why).
-
-Packed batches and paged KV caches (sdpa_varlen, sdpa_paged; issue 25): numpy_native (document masking over the
-packed rows, pages gathered into a padded batch), jax_numpy (the same, jitted once per bucket of padded sizes, pages
-gathered in the program) and torch_flex_cpu (flex's document masking, torch's PagedAttention over flex).
-
-What each CUDA path refuses (SUPPORTS) and gets wrong (KNOWN_DEVIATIONS) was measured on
-an H100 (torch 2.11.0+cu130, jax 0.11.2; benchmarks/gpu_probe.py and the suite's GPU runs,
-README "GPU").
+"""Helpers several frameworks' built-ins share: host copies of small arrays, the positions a packed or paged
+batch's rows sit at and the keys they keep (document masks), pages gathered, ALiBi slopes and sink logits in
+broadcasting shapes, heads split and merged, multi_head_attention around any sdpa, and the variant keywords a call
+passes.
 """
 from __future__ import annotations
 
@@ -48,7 +15,7 @@ def host_ints(x) -> np.ndarray:
     return np.asarray(x.cpu() if hasattr(x, "cpu") else x).astype(np.int64)
 
 
-def _distance(lq: int, lk: int, query_offset: int) -> np.ndarray:
+def distance_matrix(lq: int, lk: int, query_offset: int) -> np.ndarray:
     """(lq, lk): |p_i - j|, query i at position query_offset + i, key j at j (ALiBi's distance)."""
     return np.abs((query_offset + np.arange(lq))[:, None] - np.arange(lk)[None, :])
 
@@ -69,8 +36,8 @@ def positions_allowed(lq, lk, is_causal=False, window=None, query_offset=0, key_
                                     key_leftpad=leftpad)
 
 
-# ------------------------------------------------------------------ packed and paged batches (issue 25)
-# sdpa_varlen and sdpa_paged (README "The contract"). The built-ins compute them as document masking does (flex's
+# ------------------------------------------------------------------ packed and paged batches
+# sdpa_varlen and sdpa_paged (docs/contract.md). The built-ins compute them as document masking does (flex's
 # idiom; what FlashAttention's kernels do tile by tile): one attention over every packed query row and key row,
 # keeping a key only for a query of its own sequence, at the positions SEQUENCE_ALIGNMENT gives; not sequence by
 # sequence as the oracle defines them, so the suite compares two formulations. Sequence structure (offsets, used
@@ -147,7 +114,8 @@ def host_floats(x) -> np.ndarray:
 
 
 def per_row_slopes(alibi_slopes, query_seq: np.ndarray, hq: int) -> np.ndarray:
-    """(Hq, rows): each packed query row's ALiBi slopes (its sequence's row of (B, Hq), or the (Hq,) ones); 0 without."""
+    """(Hq, rows): each packed query row's ALiBi slopes (its sequence's row of (B, Hq), or the (Hq,) ones); 0
+    without."""
     if alibi_slopes is None:
         return np.zeros((hq, len(query_seq)))
     slopes = host_floats(alibi_slopes)
@@ -183,7 +151,7 @@ def merge_heads(x, xp):
     return xp.swapaxes(x, 1, 2).reshape(b, length, h * width)
 
 
-def _project(x, params, name):
+def projected(x, params, name):
     y = x @ params["w_" + name]
     bias = params.get("b_" + name)
     return y if bias is None else y + bias
@@ -192,14 +160,14 @@ def _project(x, params, name):
 def mha_with(sdpa, query, key, value, params, num_heads, mask, is_causal, xp, **variants):
     """Multi-head attention over any sdpa; the array namespace xp supplies reshape helpers. ``variants``: the variant
     keywords a case uses (mha.variants), handed to each head's sdpa after the projections."""
-    q = split_heads(_project(query, params, "q"), num_heads, xp)
-    k = split_heads(_project(key, params, "k"), num_heads, xp)
-    v = split_heads(_project(value, params, "v"), num_heads, xp)
+    q = split_heads(projected(query, params, "q"), num_heads, xp)
+    k = split_heads(projected(key, params, "k"), num_heads, xp)
+    v = split_heads(projected(value, params, "v"), num_heads, xp)
     context = sdpa(q, k, v, mask=mask, is_causal=is_causal, **variants)
-    return _project(merge_heads(context, xp), params, "o")
+    return projected(merge_heads(context, xp), params, "o")
 
 
-def _used(**variants) -> dict:
+def used_variants(**variants) -> dict:
     """The variant keywords of a multi_head_attention call that differ from their defaults (the ones a case uses),
     to hand to its sdpa: an sdpa without one of the others then still runs the case."""
     from attention_conformance.conformance.reference import oracle

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""JAX's own attention: ``jax.nn.dot_product_attention`` (XLA; jax_dpa) and its cuDNN path (jax_dpa_cudnn), and the
+Pallas flash kernel of ``jax.experimental.pallas.ops.gpu`` (jax_pallas_flash), each declaring what it was measured
+to refuse and to do differently.
+"""
 from __future__ import annotations
 
 import math
@@ -8,7 +11,7 @@ import numpy as np
 from attention_conformance.implementations import deviations
 from attention_conformance.implementations.builtin import jax_jit
 from attention_conformance.implementations.builtin.common import (
-    _used,
+    used_variants,
     differentiated_eagerly,
     head_groups,
     slopes_4d,
@@ -100,7 +103,7 @@ class JaxDotProductAttention:
         if query_offset:
             raise NotImplementedError("jax.nn.dot_product_attention has no query offset: is_causal and "
                                       "local_window_size are aligned at query 0")
-        variants = _used(window=_bounded_window(window, q.shape[2], k.shape[2]), alibi_slopes=alibi_slopes,
+        variants = used_variants(window=_bounded_window(window, q.shape[2], k.shape[2]), alibi_slopes=alibi_slopes,
                          query_lengths=query_lengths, key_lengths=key_lengths)
         # One program per structure: is_causal and the window static; the scale (a traced scalar; None stays
         # static), the mask and the variants' arrays traced.
@@ -190,7 +193,7 @@ class JaxDotProductAttention:
         # The variants its sdpa takes, converted as there (an unbounded window side beyond every distance).
         window = _bounded_window(window, query.shape[1], key.shape[1])
         return jax_mha(JaxDotProductAttention._sdpa, query, key, value, params, num_heads, mask, is_causal,
-                        **_used(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
+                        **used_variants(window=window, alibi_slopes=alibi_slopes, query_lengths=query_lengths,
                                 key_lengths=key_lengths))
 
 

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""What the JAX built-ins share: bucket sizes and padding, the jitted programs (cached, CPU programs compiled with XLA's
+elemental emitters where they give the same bits), whether arrays are traced, and x64 switched off around a call.
+"""
 from __future__ import annotations
 
 import functools
@@ -89,7 +91,7 @@ def jitted(fn, *static: str):
 # (XLA's default): the same HLO, the same bits, 40 % less compile time. Measured on jax 0.10.2 with a fixed
 # Hypothesis seed: all 2,184 results of the JAX built-ins' calls in a default run (forward, gradients, multi-head,
 # softmax, float64) bit for bit those of the default emitters; the 60 distinct jax_dpa programs of a run compiled
-# in 2.43 s against 4.06 s. A cold default run compiles about 230 such programs (README, "Speed"). Only the
+# in 2.43 s against 4.06 s. A cold default run compiles about 230 such programs (docs/speed.md). Only the
 # built-ins' own programs, only on the CPU: a user's implementation compiles as it would anywhere.
 # tests/test_jax_compiler_options.py holds the built-ins to the same bits both ways.
 CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""jax_numpy: attention written in jax.numpy, run as one jitted program per bucket of padded sizes (a kernel's
+padding to its block), so that neither a new shape nor a new variant value compiles again.
+"""
 from __future__ import annotations
 
 import math
@@ -8,7 +10,7 @@ import numpy as np
 from attention_conformance.implementations.builtin import jax_jit
 from attention_conformance.implementations.builtin.common import (
     ALL_DTYPES,
-    _used,
+    used_variants,
     differentiated_eagerly,
     head_groups,
     host_floats,
@@ -25,8 +27,10 @@ from attention_conformance.implementations.builtin.common import (
 from attention_conformance.implementations.builtin.jax_jit import (
     SMALL_BUCKET_SCORES,
     HeadBucket,
+    bucket_size,
     jax_mha,
     jax_sdpa,
+    pad_to,
     softmax_in_buckets,
 )
 
@@ -243,7 +247,7 @@ class JaxNumpy:
         import jax
 
         # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
-        variants = _used(window=None if window is None else tuple(window), softcap=softcap,
+        variants = used_variants(window=None if window is None else tuple(window), softcap=softcap,
                          alibi_slopes=alibi_slopes, query_offset=int(query_offset), key_lengths=key_lengths,
                          learnable_sink=learnable_sink, sink_token_length=int(sink_token_length),
                          attention_chunk=None if attention_chunk is None else int(attention_chunk),
@@ -279,9 +283,9 @@ class JaxNumpy:
         and is cut off on the host."""
         rows = x.reshape(-1, x.shape[-1])
         (n, e), f = rows.shape, weight.shape[1]
-        n2, e2, f2 = jax_jit.bucket_size(n, 32), jax_jit.bucket_size(e, 32), jax_jit.bucket_size(f, 32)
-        bias = np.zeros(f2, weight.dtype) if bias is None else jax_jit.pad_to(np.asarray(bias), (f2,))
-        out = jax_jit.jitted(JaxNumpy._affine)(jax_jit.pad_to(rows, (n2, e2)), jax_jit.pad_to(weight, (e2, f2)), bias)
+        n2, e2, f2 = bucket_size(n, 32), bucket_size(e, 32), bucket_size(f, 32)
+        bias = np.zeros(f2, weight.dtype) if bias is None else pad_to(np.asarray(bias), (f2,))
+        out = jax_jit.jitted(JaxNumpy._affine)(pad_to(rows, (n2, e2)), pad_to(weight, (e2, f2)), bias)
         return np.asarray(out)[:n, :f].reshape(x.shape[:-1] + (f,))
 
     @staticmethod
@@ -291,9 +295,9 @@ class JaxNumpy:
         # precision HIGHEST: float32 matmuls at float32 precision on GPUs too (JAX's default there is TF32).
         return jnp.matmul(x, weight, precision="highest") + bias
 
-    # Packed and paged batches (issue 25): one jitted program each, whatever the variants (every option an array,
-    # neutral where unused), fed arrays padded on the host to bucket sizes (jax_jit.bucket_size; head dims to a multiple of 8,
-    # zeros that change no dot product): a new packed length, cache size or head dim costs no compile within its
+    # Packed and paged batches: one jitted program each, whatever the variants (every option an array,
+    # neutral where unused), fed arrays padded on the host to bucket sizes (bucket_size; head dims to a multiple
+    # of 8, zeros that change no dot product): a new packed length, cache size or head dim costs no compile within its
     # bucket. The sequences' structure (offsets, used lengths, the alignment) is read on the host into a keep mask
     # and the ALiBi distances; the pages are gathered in the program through the block table.
     @staticmethod
@@ -317,15 +321,15 @@ class JaxNumpy:
         distance = np.abs(query_position[:, None] - key_position[None, :]).astype(np.float64)
         # Rows, keys, heads and head dims padded to buckets (one program per bucket); padded keys are not kept,
         # padded rows and query heads cut off.
-        r, c, dk2, dv2, heads = jax_jit.bucket_size(rows, 32), jax_jit.bucket_size(cols, 32), jax_jit.bucket_size(dk, 8), jax_jit.bucket_size(dv, 8), \
+        r, c, dk2, dv2, heads = bucket_size(rows, 32), bucket_size(cols, 32), bucket_size(dk, 8), bucket_size(dv, 8), \
             HeadBucket(hq, hkv)
         options = JaxNumpy._options(qh, scale, softcap, learnable_sink, hq)
         options["sink"] = heads.query(options["sink"], 0, -np.inf)
         out = jax_jit.jitted(JaxNumpy._packed)(
-            jax_jit.pad_to(heads.query(qh, 1), (r, heads.hkv2 * heads.group2, dk2)),
-            jax_jit.pad_to(kh, (c, heads.hkv2, dk2)), jax_jit.pad_to(vh, (c, heads.hkv2, dv2)),
-            jax_jit.pad_to(keep, (r, c), False), jax_jit.pad_to(distance, (r, c)),
-            jax_jit.pad_to(heads.query(per_row_slopes(alibi_slopes, query_seq, hq), 0), (heads.hkv2 * heads.group2, r)),
+            pad_to(heads.query(qh, 1), (r, heads.hkv2 * heads.group2, dk2)),
+            pad_to(kh, (c, heads.hkv2, dk2)), pad_to(vh, (c, heads.hkv2, dv2)),
+            pad_to(keep, (r, c), False), pad_to(distance, (r, c)),
+            pad_to(heads.query(per_row_slopes(alibi_slopes, query_seq, hq), 0), (heads.hkv2 * heads.group2, r)),
             **options)
         # device_put: jnp.asarray of a NumPy array compiles a program (lax.stage) per shape
         return jax.device_put(np.ascontiguousarray(heads.real(np.asarray(out)[:rows, :, :dv], 1)))
@@ -368,20 +372,20 @@ class JaxNumpy:
         slopes = np.zeros((b, hq)) if alibi_slopes is None else np.broadcast_to(host_floats(alibi_slopes), (b, hq))
         # Batch, rows, pages, table width, page size, heads and head dims padded to buckets (one program per bucket):
         # each page's padded slots and the table's padded entries are keys not kept, padded rows and heads cut off.
-        bb, ll, pp, mb = jax_jit.bucket_size(b, 4), jax_jit.bucket_size(lq, 8), jax_jit.bucket_size(pages, 8), jax_jit.bucket_size(table.shape[1], 4)
-        block2, dk2, dv2, heads = jax_jit.bucket_size(block, 4), jax_jit.bucket_size(dk, 8), jax_jit.bucket_size(dv, 8), HeadBucket(hq, hkv)
+        bb, ll, pp, mb = bucket_size(b, 4), bucket_size(lq, 8), bucket_size(pages, 8), bucket_size(table.shape[1], 4)
+        block2, dk2, dv2, heads = bucket_size(block, 4), bucket_size(dk, 8), bucket_size(dv, 8), HeadBucket(hq, hkv)
 
         def per_slot(x, fill):  # (B, Lq, blocks * block) -> (bb, ll, mb * block2): each page's slots padded
-            x = jax_jit.pad_to(x.reshape(b, lq, table.shape[1], block), (bb, ll, mb, block2), fill)
+            x = pad_to(x.reshape(b, lq, table.shape[1], block), (bb, ll, mb, block2), fill)
             return x.reshape(bb, ll, mb * block2)
 
         options = JaxNumpy._options(qh, scale, softcap, learnable_sink, hq)
         options["sink"] = heads.query(options["sink"], 0, -np.inf)
         out = jax_jit.jitted(JaxNumpy._paged)(
-            jax_jit.pad_to(heads.query(qh, 1), (bb, heads.hkv2 * heads.group2, ll, dk2)),
-            jax_jit.pad_to(kc, (pp, block2, heads.hkv2, dk2)), jax_jit.pad_to(vc, (pp, block2, heads.hkv2, dv2)),
-            jax_jit.pad_to(table, (bb, mb)), per_slot(keep, False), per_slot(distance.astype(np.float64), 0),
-            jax_jit.pad_to(heads.query(np.asarray(slopes), 1), (bb, heads.hkv2 * heads.group2)), **options)
+            pad_to(heads.query(qh, 1), (bb, heads.hkv2 * heads.group2, ll, dk2)),
+            pad_to(kc, (pp, block2, heads.hkv2, dk2)), pad_to(vc, (pp, block2, heads.hkv2, dv2)),
+            pad_to(table, (bb, mb)), per_slot(keep, False), per_slot(distance.astype(np.float64), 0),
+            pad_to(heads.query(np.asarray(slopes), 1), (bb, heads.hkv2 * heads.group2)), **options)
         # device_put: jnp.asarray of a NumPy array compiles a program (lax.stage) per shape
         return jax.device_put(np.ascontiguousarray(heads.real(np.asarray(out)[:b, :, :lq, :dv], 1)))
 
@@ -423,11 +427,11 @@ class _Buckets:
         (self.b, self.hq, self.lq, self.dk), (self.hkv, self.lk, self.dv) = q.shape, (k.shape[1], k.shape[2],
                                                                                       v.shape[3])
         self.group, self.entries = head_groups(q, k), self.b * self.hkv
-        self.rows, self.keys = jax_jit.bucket_size(self.lq, 32), jax_jit.bucket_size(self.lk, 32)
-        self.dk2, self.dv2 = jax_jit.bucket_size(self.dk, 64), jax_jit.bucket_size(self.dv, 64)
-        small = self.rows * self.keys * jax_jit.bucket_size(self.entries, 4) * jax_jit.bucket_size(self.group, 4) <= SMALL_BUCKET_SCORES
+        self.rows, self.keys = bucket_size(self.lq, 32), bucket_size(self.lk, 32)
+        self.dk2, self.dv2 = bucket_size(self.dk, 64), bucket_size(self.dv, 64)
+        small = self.rows * self.keys * bucket_size(self.entries, 4) * bucket_size(self.group, 4) <= SMALL_BUCKET_SCORES
         least = 4 if small else 2
-        self.entries2, self.group2 = jax_jit.bucket_size(self.entries, least), jax_jit.bucket_size(self.group, least)
+        self.entries2, self.group2 = bucket_size(self.entries, least), bucket_size(self.group, least)
         options = JaxNumpy._uniform_options(np, q, k, None if mask is None else np.asarray(mask), is_causal, scale,
                                             **variants)
         options.update(keep=self.heads(options["keep"], (self.rows, self.keys), False),
@@ -436,13 +440,13 @@ class _Buckets:
         self.options = options
         kv = (self.entries2, 1, self.keys)
         self.padded = (self.heads(q, (self.rows, self.dk2)),
-                       jax_jit.pad_to(k.reshape(self.entries, 1, self.lk, self.dk), kv + (self.dk2,)),
-                       jax_jit.pad_to(v.reshape(self.entries, 1, self.lk, self.dv), kv + (self.dv2,)))
+                       pad_to(k.reshape(self.entries, 1, self.lk, self.dk), kv + (self.dk2,)),
+                       pad_to(v.reshape(self.entries, 1, self.lk, self.dv), kv + (self.dv2,)))
 
     def heads(self, x, trailing, fill=0):
         """(B, Hq, ...) -> (entries2, group2, *trailing): entry b * Hkv + kv holds kv head kv's query heads of b."""
         x = np.asarray(x)
-        return jax_jit.pad_to(x.reshape((self.entries, self.group) + x.shape[2:]), (self.entries2, self.group2) + trailing,
+        return pad_to(x.reshape((self.entries, self.group) + x.shape[2:]), (self.entries2, self.group2) + trailing,
                        fill)
 
     def _real(self, x, *sizes) -> np.ndarray:

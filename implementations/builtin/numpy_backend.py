@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""NumPy paths: the float64 oracle itself as an implementation (numpy_oracle) and the same math computed in the input
+dtype, rounding after every step as a kernel does (numpy_native), packed and paged batches included.
+"""
 from __future__ import annotations
 
 import math
@@ -7,9 +9,9 @@ import numpy as np
 
 from attention_conformance.implementations.builtin.common import (
     ALL_DTYPES,
-    _distance,
-    _project,
-    _used,
+    distance_matrix,
+    projected,
+    used_variants,
     document_mask,
     head_groups,
     merge_heads,
@@ -53,7 +55,7 @@ class NumpyOracle:
         from attention_conformance.conformance.reference import oracle
 
         return oracle.multi_head_attention(query, key, value, params, num_heads, mask=mask, is_causal=is_causal,
-                                           **_used(window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                           **used_variants(window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                                    query_offset=query_offset, query_lengths=query_lengths,
                                                    key_lengths=key_lengths, learnable_sink=learnable_sink,
                                                    sink_token_length=sink_token_length,
@@ -111,7 +113,7 @@ class NumpyNative:
             with np.errstate(over="ignore"):
                 scores = (np.tanh((scores / cap).astype(dtype)).astype(dtype) * cap).astype(dtype)
         if alibi_slopes is not None:
-            distance = _distance(lq, lk, query_offset).astype(dtype)
+            distance = distance_matrix(lq, lk, query_offset).astype(dtype)
             scores = (scores - (slopes_4d(alibi_slopes, q.shape[1]).astype(dtype) * distance).astype(dtype))
             scores = scores.astype(dtype)
         allowed = positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths,
@@ -167,7 +169,7 @@ class NumpyNative:
         rounded = {name: p for name, p in params.items()}
 
         def project(x, name):
-            return _project(x, rounded, name).astype(dtype)
+            return projected(x, rounded, name).astype(dtype)
 
         q = split_heads(project(query, "q"), num_heads, np)
         k = split_heads(project(key, "k"), num_heads, np)

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""torch's CPU and default paths: hand-written torch ops (torch_math), scaled_dot_product_attention's own dispatch
+(torch_sdpa), nn.MultiheadAttention (torch_nn_mha), and FP8 attention on torch._scaled_mm (torch_scaled_mm_fp8).
+"""
 from __future__ import annotations
 
 import functools
@@ -6,8 +8,8 @@ import math
 
 from attention_conformance.implementations.builtin.common import (
     ALL_DTYPES,
-    _distance,
-    _used,
+    distance_matrix,
+    used_variants,
     head_groups,
     mha_with,
     positions_allowed,
@@ -52,7 +54,7 @@ class TorchMath:
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if alibi_slopes is not None:
-            distance = torch.from_numpy(_distance(lq, lk, query_offset)).to(q.device)
+            distance = torch.from_numpy(distance_matrix(lq, lk, query_offset)).to(q.device)
             scores = scores - (slopes_4d(alibi_slopes, q.shape[1]) * distance).to(scores.dtype)
         allowed = torch.from_numpy(positions_allowed(lq, lk, is_causal, window, query_offset, key_lengths,
                                                       sink_token_length=sink_token_length,
@@ -81,7 +83,7 @@ class TorchMath:
         import torch
 
         return mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch,
-                         **_used(window=window, softcap=softcap, alibi_slopes=alibi_slopes, query_offset=query_offset,
+                         **used_variants(window=window, softcap=softcap, alibi_slopes=alibi_slopes, query_offset=query_offset,
                                  key_lengths=key_lengths, learnable_sink=learnable_sink,
                                  sink_token_length=sink_token_length, attention_chunk=attention_chunk,
                                  key_leftpad=key_leftpad))
@@ -137,7 +139,7 @@ class TorchSDPA:
             if mask is not None and mask.dtype == torch.bool:
                 allowed, mask = allowed & mask, None
             if alibi_slopes is not None:
-                distance = torch.from_numpy(_distance(lq, lk, query_offset)).to(q.device)
+                distance = torch.from_numpy(distance_matrix(lq, lk, query_offset)).to(q.device)
                 bias = -(slopes_4d(alibi_slopes, q.shape[1]) * distance).to(q.dtype)
                 mask = bias if mask is None else bias + mask
             mask = allowed if mask is None else torch.where(allowed, mask, float("-inf"))
@@ -165,7 +167,7 @@ class TorchSDPA:
         import torch
 
         return mha_with(cls.sdpa, query, key, value, params, num_heads, mask, is_causal, torch,
-                         **_used(window=window, alibi_slopes=alibi_slopes, query_offset=query_offset,
+                         **used_variants(window=window, alibi_slopes=alibi_slopes, query_offset=query_offset,
                                  key_lengths=key_lengths))
 
 
@@ -228,7 +230,7 @@ class TorchMultiheadAttentionModule:
         return out
 
 
-# ------------------------------------------------------------------ FP8 attention (issue 25)
+# ------------------------------------------------------------------ FP8 attention
 @functools.cache
 def _scaled_mm_on_cpu() -> bool:
     """Whether this torch's FP8 GEMM runs on the CPU (torch 2.13 does; older builds raise)."""

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""torch's flex_attention: compiled on CUDA (torch_flex) and eager on the CPU (torch_flex_cpu, every variant, packed
+batches by document masking and paged caches through torch's PagedAttention).
+"""
 from __future__ import annotations
 
 from attention_conformance.implementations.builtin.common import (
@@ -297,7 +299,7 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
             raise NotImplementedError("flex_attention has no backward on the CPU (torch 2.13)")
         return super().sdpa(q, k, v, *args, **kwargs)
 
-    # Packed and paged batches (issue 25), in flex's own idioms: document masking for sdpa_varlen (a mask_mod keeping
+    # Packed and paged batches, in flex's own idioms: document masking for sdpa_varlen (a mask_mod keeping
     # a key only for a query of the same sequence, on per-row sequence ids and positions), and torch's PagedAttention
     # for sdpa_paged (torch/nn/attention/experimental/_paged_attention.py: a logical BlockMask converted to the
     # physical pages of the cache, whose mask_mod and score_mod map each physical key back to its logical position
