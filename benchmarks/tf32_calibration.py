@@ -29,7 +29,7 @@ from attention_conformance.conformance.reference import oracle, tolerances
 from tests.tf32_standins import mha_rounded, sdpa_rounded, to_bfloat16, to_tf32_truncated  # noqa: E402
 from zoo.kernel_correct import to_tf32  # noqa: E402
 
-EVIDENCE = ROOT.parent / "shared" / "gpu-evidence" / "kernels-characterized.md"
+EVIDENCE = ROOT / "docs" / "gpu-runs" / "2026-11-23-h100" / "kernels-characterized.md"
 
 
 ROUNDINGS = {"tf32": to_tf32, "tf32 truncated": to_tf32_truncated, "bfloat16": to_bfloat16}

@@ -73,9 +73,10 @@ class TorchMemoryEfficientAttention(_TorchSDPAKernel):
     # divisible by 4" in float32, "by 8" in 16 bits, for Dk or Dv; 12,538 of its cases were refused so, 2,135 judged).
     SUPPORTS = {"gqa": False, "head_dims": {"multiple": 4}}
     HEAD_DIM_MULTIPLE_16BIT = 8
-    # None: right where flash and cuDNN deviate (gpu-evidence/kernels-characterized.md: scale 0 and -0.3, fully masked
-    # rows, 16 bits, errors at most 1.8e-3), and 0 deviations of 3293 (H100) and 3268 (H200) judged cases in the
-    # suite's runs while it inherited the default dispatch's entries. Declaring them would hide those defects.
+    # None: right where flash and cuDNN deviate (docs/gpu-runs/2026-11-23-h100/kernels-characterized.md: scale 0 and
+    # -0.3, fully masked rows, 16 bits, errors at most 1.8e-3), and 0 deviations of 3293 (H100) and 3268 (H200) judged
+    # cases in the suite's runs while it inherited the default dispatch's entries. Declaring them would hide those
+    # defects.
     KNOWN_DEVIATIONS = ()
 
     @classmethod
