@@ -31,16 +31,24 @@ def reset_support_counts() -> None:
     SUPPORT_COUNTS.update(supported=0, unsupported=0, judged=0, deviation=0)
 
 
-def unsupported(reason: str):
-    """Report a case as unsupported: inside Hypothesis the example is rejected (the test goes on
-    with others), elsewhere the test is skipped. Never a failure."""
-    LAST_UNSUPPORTED[0] = reason
+def not_judged(reason: str, kind: str, count: str, judged: str, outside) -> None:
+    """A case the property does not judge, of ``kind`` ("unsupported", "declared deviation"): inside Hypothesis the
+    example is rejected (the test goes on with others; SUPPORT_COUNTS[count] counts it, and once the first
+    UNSUPPORTED_BEFORE_SKIP cases were all such with none SUPPORT_COUNTS[judged], the test is skipped saying so);
+    elsewhere ``outside`` (pytest.skip, pytest.xfail) ends the test. Never a failure."""
     from hypothesis import reject
     from hypothesis.control import currently_in_test_context
 
     if currently_in_test_context():
-        SUPPORT_COUNTS["unsupported"] += 1
-        if SUPPORT_COUNTS["supported"] == 0 and SUPPORT_COUNTS["unsupported"] >= UNSUPPORTED_BEFORE_SKIP:
-            pytest.skip(f"unsupported: the first {UNSUPPORTED_BEFORE_SKIP} generated cases all were ({reason})")
+        SUPPORT_COUNTS[count] += 1
+        if SUPPORT_COUNTS[judged] == 0 and SUPPORT_COUNTS[count] >= UNSUPPORTED_BEFORE_SKIP:
+            pytest.skip(f"{kind}: the first {UNSUPPORTED_BEFORE_SKIP} generated cases all were ({reason})")
         reject()
-    pytest.skip(f"unsupported: {reason}")
+    outside(f"{kind}: {reason}")
+
+
+def unsupported(reason: str):
+    """Report a case as unsupported: inside Hypothesis the example is rejected (the test goes on
+    with others), elsewhere the test is skipped. Never a failure."""
+    LAST_UNSUPPORTED[0] = reason
+    not_judged(reason, "unsupported", "unsupported", "supported", pytest.skip)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from attention_conformance.conformance.cases.case import Case, widen
-from attention_conformance.conformance.cases.support import LAST_UNSUPPORTED, SUPPORT_COUNTS, UNSUPPORTED_BEFORE_SKIP
+from attention_conformance.conformance.cases.support import LAST_UNSUPPORTED, SUPPORT_COUNTS, not_judged
 from attention_conformance.conformance.judging.attribution import Attribution
 from attention_conformance.conformance.judging.containment import Containment, HungEarlier, resource_exhausted
 from attention_conformance.conformance.judging.evidence import MAX_INLINE_ELEMENTS, Evidence
@@ -78,15 +78,7 @@ def declared_deviation(reason: str):
     oracle and attribution probes. Every deviation met is recorded.
     """
     LAST_UNSUPPORTED[0] = f"declared deviation: {reason}"
-    from hypothesis import reject
-    from hypothesis.control import currently_in_test_context
-
-    if currently_in_test_context():
-        SUPPORT_COUNTS["deviation"] += 1
-        if SUPPORT_COUNTS["judged"] == 0 and SUPPORT_COUNTS["deviation"] >= UNSUPPORTED_BEFORE_SKIP:
-            pytest.skip(f"declared deviation: the first {UNSUPPORTED_BEFORE_SKIP} generated cases all were ({reason})")
-        reject()
-    pytest.xfail(f"declared deviation: {reason}")
+    not_judged(reason, "declared deviation", "deviation", "judged", pytest.xfail)
 
 
 # Clauses with a check of their own in the Judge (shape, dtype, non-finite output, exact zeros,
