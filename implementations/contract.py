@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-OPERATIONS = ("softmax", "sdpa", "multi_head_attention", "sdpa_varlen", "sdpa_paged")
+OPERATIONS = ("softmax", "sdpa", "multi_head_attention", "sdpa_varlen", "sdpa_paged", "merge_states",
+              "sdpa_sequence_parallel")
 
 
 FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
@@ -58,13 +59,40 @@ DESCALE_DEFAULTS = {"q_descale": None, "k_descale": None, "v_descale": None}
 FP8_OUTPUT_DTYPES = ("bfloat16", "float16")
 
 
+# return_lse=True asks sdpa, sdpa_varlen, sdpa_paged and sdpa_sequence_parallel for (out, lse): the log of each row's
+# softmax denominator (docs/contract.md, "The log-sum-exp"; its conventions declared by LSE_CONVENTION).
+LSE_DEFAULTS = {"return_lse": False}
+
+
+# LSE_CONVENTION: how an implementation's lse is written, where kernels differ (each key optional):
+# "base": "e" (the natural log, FlashAttention's, flex attention's, cuDNN's) or "2" (FlashInfer's, the Pallas GPU
+# kernel's); "empty_row": the lse of a row without keys, "-inf" (FlashAttention 3 and 4, flex, FlashInfer), "+inf"
+# (FlashAttention 2, so that its backward's exp(s - lse) is 0), "0" (torch's CPU flash kernel), "nan" or
+# "unspecified"; "sink": "included" (the learnable sink's term in the denominator whose log it is: FlashAttention 4,
+# vLLM's FlashAttention 3, FlashInfer, splash) or "excluded" (gpt-oss's Triton kernel keeps the keys' alone).
+LSE_CONVENTION_DEFAULTS = {"base": "e", "empty_row": "-inf", "sink": "included"}
+LSE_CONVENTION_CHOICES = {"base": ("e", "2"), "empty_row": ("-inf", "+inf", "0", "nan", "unspecified"),
+                          "sink": ("included", "excluded")}
+
+
+# sdpa_sequence_parallel: sdpa of a sequence sharded across N devices, called on each device (a JAX device inside
+# shard_map, a torch.distributed rank) with its shards; where each device's positions lie is the sequence layout.
+SEQUENCE_LAYOUTS = ("contiguous", "zigzag")
+
+
 OPTIONAL_KEYWORDS = {
     "softmax": {"axis": -1},
-    "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS, **DESCALE_DEFAULTS},
+    "sdpa": {"mask": None, "is_causal": False, "scale": None, **VARIANT_DEFAULTS, **DESCALE_DEFAULTS, **LSE_DEFAULTS},
     # mha.variants: the same keywords, applied to each head's attention after the projections.
     "multi_head_attention": {"mask": None, "is_causal": False, **VARIANT_DEFAULTS},
-    "sdpa_varlen": {"is_causal": False, "scale": None, "seqused_k": None, **SEQUENCE_VARIANT_DEFAULTS},
-    "sdpa_paged": {"is_causal": False, "scale": None, **SEQUENCE_VARIANT_DEFAULTS},
+    "sdpa_varlen": {"is_causal": False, "scale": None, "seqused_k": None, **SEQUENCE_VARIANT_DEFAULTS,
+                    **LSE_DEFAULTS},
+    "sdpa_paged": {"is_causal": False, "scale": None, **SEQUENCE_VARIANT_DEFAULTS, **LSE_DEFAULTS},
+    # merge_states: partial attention states over disjoint key sets merged into the state over their union; a
+    # learnable sink is given to the merge, once, never to the parts.
+    "merge_states": {"learnable_sink": None},
+    "sdpa_sequence_parallel": {"sequence_layout": "contiguous", "is_causal": False, "scale": None, "window": None,
+                               "learnable_sink": None, **LSE_DEFAULTS},
 }
 
 
@@ -75,6 +103,8 @@ POSITIONAL = {
     "multi_head_attention": ("query", "key", "value", "params", "num_heads"),
     "sdpa_varlen": ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
     "sdpa_paged": ("q", "k_cache", "v_cache", "block_table", "seqused_k"),
+    "merge_states": ("out", "lse"),
+    "sdpa_sequence_parallel": ("q", "k", "v"),
 }
 
 
