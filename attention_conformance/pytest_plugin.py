@@ -24,6 +24,7 @@ on PYTHONPATH without `pip install`); both use the module's own name, so pytest 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -99,7 +100,18 @@ def pytest_addoption(parser):
     group.addoption("--large-shapes", action="store_true", default=False,
                     help="also run conformance/test_large_shapes.py: sdpa at Lk up to 16384, D 128, judged by the "
                     "blocked float64 oracle (slow; see docs/large-shapes.md).")
+    _add_repro_options(group)
     _add_runner_options(group)
+
+
+def _add_repro_options(group) -> None:
+    """The bound of the repro directory (conformance/judging/repro_files.py, docs/failures.md)."""
+    group.addoption("--repro-max-files", type=int, default=200, metavar="N",
+                    help="at most N failures' repro files in the run's repro directory (default 200): earlier runs' "
+                    "files make room, oldest first; past that, a failure's block says its repro was not kept.")
+    group.addoption("--repro-max-bytes", default="200MB", metavar="SIZE",
+                    help="at most SIZE bytes of repro files and their shared arrays in that directory (default 200MB; "
+                    "k, M, G suffixes), bounded as --repro-max-files.")
 
 
 def _add_runner_options(group) -> None:
@@ -112,6 +124,10 @@ def _add_runner_options(group) -> None:
                     help="durations file balancing --shard (default: the suite's conformance/durations.json; "
                     "`attention-conformance merge --durations-out PATH` writes one from a run's reports). A missing "
                     "file is no error: items then weigh by their test function.")
+    group.addoption("--longest-first", metavar="DURATIONS.json", default=None,
+                    help="start the items with the longest durations in this file first, laid out for xdist's "
+                    "scheduler (a GPU run: docs/gpu-runs/durations-cuda.json; docs/gpu.md). Items it lacks follow "
+                    "in collection order.")
     group.addoption("--environment-label", metavar="TEXT", default=None,
                     help="name this runner's environment in the report (e.g. the GPU kind of a CI matrix entry): "
                     "merged reports never sum runs with different labels into one cell.")
@@ -181,18 +197,81 @@ def pytest_load_initial_conftests(early_config, parser, args):
     """`-n auto --dist worksteal` by default (docs/speed.md), each part unless the command line names it,
     when pytest-xdist is loaded. Called for plugins loaded by entry point (any install, editable included);
     a checkout that is only on PYTHONPATH gets them from pytest_cmdline_main below. `-n 0` or `-p no:xdist`:
-    one process; `--pdb` makes xdist's `-n auto` one process too.
+    one process; `--pdb` makes xdist's `-n auto` one process too. In a run of the conformance tests alone, pytest's
+    log capture is left out unless the run asks for it (``_leave_log_capture_out``).
     """
-    if not _xdist_loaded(early_config.pluginmanager):
-        return
     known = early_config.known_args_namespace
     if not targets_suite(known.file_or_dir or [], bool(getattr(known, "pyargs", False)),
                          early_config.invocation_params.dir, early_config.rootpath,
                          bool(getattr(known, "impl", None) or getattr(known, "list_impls", False))):
         return
+    _leave_log_capture_out(early_config, args)
+    if not _xdist_loaded(early_config.pluginmanager):
+        return
     defaults = [] if _names_workers(args) else ["-n", "auto"]
     defaults += [] if _names_distribution(args) else ["--dist", "worksteal"]
     args[:] = [*defaults, *args]
+
+
+# pytest's ini settings of its log capture, with their defaults: a value other than these asks for the capture.
+LOG_INI_DEFAULTS = {"log_cli": False, "log_level": None, "log_cli_level": None, "log_file": None,
+                    "log_file_level": None, "log_format": "%(levelname)-8s %(name)s:%(filename)s:%(lineno)d %(message)s",
+                    "log_date_format": "%H:%M:%S"}
+
+
+# On the command line (PYTEST_ADDOPTS and the ini file's addopts included): a --log-* option, -o log_..., -p logging.
+LOG_ARGUMENT = re.compile(r"(?:^|\s)(?:--log-|(?:-o|--override-ini)[=\s]?log_|-p\s?(?:pytest_)?logging(?:\s|$))")
+
+
+def _asks_for_log_capture(early_config, args) -> bool:
+    """Whether the run names pytest's logging: on the command line (LOG_ARGUMENT), or a log_* ini setting other than
+    pytest's default."""
+    if LOG_ARGUMENT.search(" ".join(args)):
+        return True
+    for name, default in LOG_INI_DEFAULTS.items():
+        try:
+            if early_config.getini(name) not in (default, "", None):
+                return True
+        except ValueError:  # an ini name this pytest does not know: its logging is not the one described here
+            return True
+    return False
+
+
+def _runs_conformance_tests_alone(early_config) -> bool:
+    """Whether every test path of the run lies in the suite's test package (the conformance tests alone: no test of
+    the run can ask for caplog)."""
+    known = early_config.known_args_namespace
+    targets = list(known.file_or_dir or [])
+    base = Path(early_config.invocation_params.dir)
+    if not targets:
+        targets, base = list(early_config.getini("testpaths")) or ["."], Path(early_config.rootpath)
+    for target in targets:
+        target = str(target).split("::")[0]
+        if getattr(known, "pyargs", False) and (target == f"{PACKAGE}.conformance"
+                                                 or target.startswith(f"{PACKAGE}.conformance.")):
+            continue
+        try:
+            if not _within((base / target).resolve(), SUITE_DIR):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _leave_log_capture_out(early_config, args) -> None:
+    """``-p no:logging`` for a run of the conformance tests alone that does not ask for log capture.
+
+    pytest's log capture attaches a handler to the root logger and to every non-propagating logger (torch's and
+    JAX's: 42 of a worker's 158 loggers) around each setup, call and teardown: 0.4 ms of CPU per test on the 2-core
+    machine, about 1.4 s of a default run's (docs/speed.md). No conformance test reads caplog, and a record an
+    implementation logs at WARNING or above still reaches the user: without a handler, Python's logging writes it to
+    stderr, which pytest captures and shows with a failed test ("Captured stderr call"). A run that names any of
+    pytest's log options or ini settings (``--log-level``, ``--log-cli-level``, ``log_cli = true``, ...) keeps the
+    capture, as does one that also runs other tests (the self-checks, a user's own)."""
+    if _asks_for_log_capture(early_config, args) or not _runs_conformance_tests_alone(early_config):
+        return
+    for name in ("logging", "pytest_logging"):  # what `-p no:logging` blocks
+        early_config.pluginmanager.set_blocked(name)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -233,13 +312,13 @@ def pytest_configure(config):
 
 
 def pytest_sessionstart(session):
-    """The compile caches, under pytest's cache directory: it exists only after every pytest_configure (pytest's
-    own is tryfirst too, and runs after this plugin's), and this runs before xdist starts its workers (its
-    sessionstart is trylast), which inherit the variables, and before any framework is imported."""
+    """The compile caches and the repro directory, under pytest's cache directory: it exists only after every
+    pytest_configure (pytest's own is tryfirst too, and runs after this plugin's), and this runs before xdist starts
+    its workers (its sessionstart is trylast), which inherit the variables, and before any framework is imported."""
     if engaged(session.config):
         from attention_conformance.conformance import plugin as support
 
-        support.share_jax_compilations(session.config)
+        support.session_started(session.config)
 
 
 def pytest_unconfigure(config):
@@ -250,6 +329,11 @@ def pytest_unconfigure(config):
         _ACTIVE["config"] = None
 
 
+# torch 2.13's own import of torch.compile's backend (torch.utils.mkldnn) warns that torch.jit.script_method is
+# deprecated: nothing a user of the suite can act on.
+TORCH_INDUCTOR_IMPORT_WARNING = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+
+
 def _apply_suite_defaults(config) -> None:
     """What the suite's ini file gives a checkout, for a run under another project's ini file."""
     present = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
@@ -257,6 +341,7 @@ def _apply_suite_defaults(config) -> None:
         if line.split(":")[0].split("(")[0] not in present:
             config.addinivalue_line("markers", line)
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:jax.*")
+    config.addinivalue_line("filterwarnings", TORCH_INDUCTOR_IMPORT_WARNING)
     if not config.pluginmanager.hasplugin("timeout"):  # its mark is on the large-shape tests; without it, a no-op
         config.addinivalue_line("markers", "timeout(seconds): pytest-timeout's per-test limit (not installed here)")
     if config.option.reportchars == "fE":  # pytest's default: no -r given
@@ -275,7 +360,8 @@ def pytest_collection_modifyitems(config, items):
         support.deselect_absent_devices(config, items)
         support.skip_large_shapes_unless_opted_in(config, items)
         support.order_by_implementation(items)
-        support.keep_this_shard(config, items)  # last: the shares are of what every other rule left
+        support.keep_this_shard(config, items)  # the shares are of what every other rule left
+        support.order_longest_first(config, items)  # last: the order of what this process runs
 
 
 def pytest_collection_finish(session):

@@ -14,8 +14,8 @@ explicit scale out: docs/gpu-runs/2026-11-27-h200/cudnn-backward-probe.log.
 """
 from __future__ import annotations
 
-import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -81,13 +81,15 @@ def main(paths):
     import torch
 
     print("torch", torch.__version__, torch.cuda.get_device_name())
+    from attention_conformance.conformance.harness import replay
+
     for path in paths:
-        data = np.load(path)
-        meta = json.loads(str(data["meta"]))
+        saved = replay.load(Path(path))  # either repro format; large arrays from the directory's arrays/
+        inputs, meta = saved.case.inputs, saved.meta
         dtype = getattr(torch, meta["dtype"])
         options = meta["case"]["options"]  # the case's explicit scale and is_causal (a first version left them out)
         print(path, dtype, options)
-        variants(data["case/q"], data["case/k"], data["case/v"], data["case/mask"], data["case/d_out"], dtype,
+        variants(inputs["q"], inputs["k"], inputs["v"], inputs["mask"], inputs["d_out"], dtype,
                  scale=options.get("scale"), is_causal=options.get("is_causal", False))
     rng = np.random.default_rng(0)
     tally = {}

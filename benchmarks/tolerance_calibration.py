@@ -25,6 +25,9 @@ out and counted (the suite reports them as deviations, it does not judge them).
     python benchmarks/tolerance_calibration.py --ops mha-variants   # multi_head_attention's variant keywords
     python benchmarks/tolerance_calibration.py --fp8-zoo --ops fp8,fp8-kernel,fp8-decode,fp8-variants   # FP8 attention
     python benchmarks/tolerance_calibration.py --fp8-adversarial   # FP8 rows built to correlate P's roundings
+    python benchmarks/tolerance_calibration.py --ops merge,merge-sink   # merge_states, built-ins and --impl members
+    python benchmarks/tolerance_calibration.py --ops lse,lse-kernel,lse-variants,lse-sinks,lse-varlen   # the lse
+      (error / allowed of the log-sum-exp returned with return_lse=True, by implementations whose signature has it)
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from attention_conformance.conformance.cases import fp8, mha, sdpa, sequences, softmax, variants
-from attention_conformance.conformance.judging import expected, verdict
+from attention_conformance.conformance.cases import merging
+from attention_conformance.conformance.judging import expected, lse_verdicts, merge_verdicts, verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -63,9 +67,45 @@ FP8_ZOO = ("builtin:torch_scaled_mm_fp8", "zoo.correct_fp8_fa3_emulation", "zoo.
            "zoo.correct_fp8_dequant_bf16")
 
 
-def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None = None) -> dict:
+def lse_ratio(impl, dtype, case, inputs) -> float | None:
+    """error / allowed of the lse at the case's worst judged finite row (None: no such row, or not supported)."""
+    judge = lse_verdicts.LseJudge(impl, dtype, "cpu")
+    try:
+        _, lse = impl.call(case.op, case.arrays(inputs), {**case.options(), "return_lse": True}, "cpu")
+    except NotImplementedError:
+        return None
+    lse = np.asarray(lse, dtype=np.float64)
+    lse = lse[None] if case.op == "sdpa_varlen" else lse
+    want, allowed, _ = judge.expected_lse(case, inputs)
+    rows = judge.judged_lse_rows(case, inputs, want.shape) & np.isfinite(want) & (allowed > 0)
+    if not rows.any():
+        return None
+    with np.errstate(invalid="ignore"):
+        error = np.where(np.isfinite(lse), np.abs(lse - np.where(rows, want, 0.0)), np.inf)
+    return float(np.max(error[rows] / allowed[rows]))
+
+
+def merge_ratio(impl, dtype, case) -> float | None:
+    """error / allowed of a merge_states case's worst element of out or row of lse (None: nothing finite)."""
+    judge = merge_verdicts.MergeJudge(impl, dtype, "cpu")
+    inputs = judge.merge_inputs(case)
+    got_out, got_lse = impl.call("merge_states", case.arrays(inputs), case.options(), "cpu")
+    want, want_lse, allowed, lse_allowed, _ = judge.expected(inputs)
+    ratios = []
+    for got, exact, room in ((got_out, want, allowed), (got_lse, want_lse, lse_allowed)):
+        got = np.asarray(got, dtype=np.float64)
+        live = np.isfinite(exact) & (room > 0)
+        if live.any():
+            with np.errstate(invalid="ignore"):
+                error = np.where(np.isfinite(got), np.abs(got - exact), np.inf)
+            ratios.append(float(np.max(error[live] / room[live])))
+    return max(ratios) if ratios else None
+
+
+def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None = None, lse: bool = False) -> dict:
     """{'ratios': [per case], 'rows': rows measured, 'zero_rows': rows whose allowance >= max |exact|,
-    'rows64'/'zero_rows64': the same for Dk >= 64}."""
+    'rows64'/'zero_rows64': the same for Dk >= 64}. ``lse``: the ratios of the lse returned with return_lse=True
+    instead of the output's."""
     found = {"ratios": [], "rows": 0, "zero_rows": 0, "rows64": 0, "zero_rows64": 0, "deviations": 0}
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=seed is None,
@@ -82,6 +122,16 @@ def measure(impl, dtype, strategy, examples: int, region=None, seed: int | None 
             if any(deviation["when"](facts) for deviation in impl.known_deviations):
                 found["deviations"] += 1
                 return
+        if case.op == "merge_states":
+            ratio = merge_ratio(impl, dtype, case)
+            if ratio is not None:
+                found["ratios"].append(ratio)
+            return
+        if lse:
+            ratio = lse_ratio(impl, dtype, case, inputs)
+            if ratio is not None:
+                found["ratios"].append(ratio)
+            return
         try:
             got = impl.call(case.op, case.arrays(inputs), case.options(), "cpu").astype(np.float64)
         except NotImplementedError:
@@ -240,6 +290,17 @@ def main() -> None:
         "fp8-decode": ("sdpa", fp8.fp8_cases(mask_kinds=("none", "key-padding"), causal=st.just(False),
                                                     query_mode="decode"), None),
         "fp8-variants": ("sdpa", fp8.fp8_cases(variants=("window", "softcap"), mask_kinds=("none",)), None),
+        # The log-sum-exp (spec/tolerances.yaml, lse): the cases of conformance/test_lse.py, small and
+        # kernel-shaped, with the variants, a learnable sink, packed batches.
+        "lse": ("sdpa", sdpa.sdpa_cases(allow_empty_rows=True), None),
+        "lse-kernel": ("sdpa", sdpa.sdpa_cases(allow_empty_rows=True), KERNEL_REGION),
+        "lse-variants": ("sdpa", variants.variant_cases(mask_kinds=("none", "bool-full", "float")), None),
+        "lse-sinks": ("sdpa", variants.sink_chunk_leftpad_cases(
+            features=("learnable_sink",), variants=variants.VARIANTS, mask_kinds=("none", "bool-full", "float")), None),
+        "lse-varlen": ("sdpa_varlen", sequences.varlen_cases(variants=sequences.SEQUENCE_VARIANT_NAMES), None),
+        # merge_states (spec/tolerances.yaml, merge_states): the cuts of conformance/test_merge_states.py.
+        "merge": ("merge_states", merging.merge_cases(sink_modes=("none", "part")), None),
+        "merge-sink": ("merge_states", merging.merge_cases(sink_modes=("merge",)), None),
         "softmax": ("softmax", softmax.softmax_cases(), None),
         "multi_head_attention": ("multi_head_attention", mha.mha_cases(), None),
         # mha.variants: every variant keyword inside multi-head attention (a random subset a case), per head
@@ -258,12 +319,13 @@ def main() -> None:
             if any(op.startswith("fp8") for op in ops) != is_eight_bit(dtype):  # as collection decides
                 continue
             row = []
-            for op, strategy, region in ops.values():
-                if not impl.implements(op):
+            for name, (op, strategy, region) in ops.items():
+                lse = name.startswith("lse")
+                if not impl.implements(op) or (lse and "return_lse" not in (impl.accepted_keywords(op) or {"return_lse"})):
                     row.append("-")
                     continue
                 # A member with a declared region draws inside it anyway.
-                row.append(summary(measure(impl, dtype, strategy, args.examples, region, args.seed)))
+                row.append(summary(measure(impl, dtype, strategy, args.examples, region, args.seed, lse)))
             print(f"{impl.name:<34}{dtype:<10}" + "".join(f"{r:>34}" for r in row), flush=True)
 
 

@@ -13,7 +13,8 @@ database, a new random seed):
 (the other fixtures pass no variant keyword; the ONNX-derived fixtures/onnx_attention_variants.yaml could only
 add rejections, so the rates here are a lower bound for the default run's.)
 
-The MHA-variant and variant-gradient members are narrowed to the modules that reach them (NARROWED below).
+The MHA-variant, variant-gradient, lse and merge members are narrowed to the modules that reach them (NARROWED
+below).
 
 Usage: python benchmarks/variant_zoo_rates.py [--runs 20] [--members broken_variant_window_top_left ...] [--full]
 (--full runs the whole default command, `python -m pytest conformance`, instead).
@@ -47,6 +48,17 @@ NARROWED = (
     ("broken_backward_sink", ("conformance/test_variant_gradients.py",), None),
     ("broken_backward_window", ("conformance/test_variant_gradients.py",), None),
     ("correct_torch_variant_backward", ("conformance/test_variant_gradients.py",), None),
+    # The lse members differ from their reference only in the lse they return with return_lse (test_lse.py and
+    # fixtures/lse.yaml); the merge members only have merge_states (test_merge_states.py).
+    ("broken_lse_", ("conformance/test_lse.py", "conformance/test_fixtures.py"), "lse.yaml"),
+    ("correct_lse_", ("conformance/test_lse.py", "conformance/test_fixtures.py"), "lse.yaml"),
+    ("broken_merge_", ("conformance/test_merge_states.py",), None),
+    # The pair twins are reached by the pairwise corners beside the variant properties; the softmax twin by
+    # the softmax properties.
+    ("broken_pair_", ("conformance/test_pairwise.py", "conformance/test_variants.py", "conformance/test_fixtures.py"),
+     "variants_2026.yaml"),
+    ("broken_softmax_axis", ("conformance/test_pairwise.py", "conformance/test_properties.py"), None),
+    ("correct_merge_", ("conformance/test_merge_states.py",), None),
 )
 
 

@@ -109,6 +109,7 @@ def configure(config) -> None:
         raise pytest.UsageError(f"two implementations share the name(s) {sorted(duplicates)}; set NAME to tell them apart")
     config.stash[IMPLS_KEY] = impls
     config.stash.setdefault(USER_NAMED_KEY, {impl.name for impl in impls})
+    _check_repro_bound(config)
     evidence.configure(config)
     configure_runners(config)
     if config.getoption("list_impls"):
@@ -116,10 +117,22 @@ def configure(config) -> None:
         pytest.exit("listed implementations", returncode=0)
 
 
+def _check_repro_bound(config) -> None:
+    """--repro-max-files and --repro-max-bytes, checked before anything runs."""
+    try:
+        bound = evidence.limits(config)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--repro-max-bytes: {exc}") from None
+    if bound.files < 0 or bound.bytes < 0:
+        raise pytest.UsageError(f"the repro bound cannot be negative ({bound.describe()})")
+
+
 def configure_runners(config) -> None:
-    """--shard and --baseline (conformance/reporting/shards.py, conformance/reporting/baseline.py), checked before
-    anything runs."""
-    from attention_conformance.conformance.reporting import baseline, shards
+    """--shard, --longest-first and --baseline (conformance/reporting/shards.py, ordering.py, baseline.py), checked
+    before anything runs."""
+    from attention_conformance.conformance.reporting import baseline, ordering, shards
+
+    ordering.read(config)
 
     shard = shards.parse(config.getoption("shard", None))
     if shard is not None:
@@ -189,6 +202,14 @@ COMPILATION_CACHE = "attention-conformance"  # under pytest's cache directory: .
 
 
 FALLBACK_COMPILATION_CACHE = ".attention-conformance"  # under the rootdir, when pytest's cache is off
+
+
+def session_started(config) -> None:
+    """pytest_sessionstart, in every process: the compile caches (share_jax_compilations); the controller, or the
+    only process, brings the repro directory within its bound (earlier runs' files, oldest first)."""
+    share_jax_compilations(config)
+    if not is_xdist_worker(config):
+        evidence.prune()
 
 
 def share_jax_compilations(config) -> None:
@@ -295,6 +316,14 @@ def _impl_param(item):
 
 def _implementation_of(item) -> str:
     return getattr(_impl_param(item), "name", "")
+
+
+def order_longest_first(config, items) -> None:
+    """--longest-first DURATIONS.json: the longest measured items first, laid out for xdist's scheduler, the same
+    order in every worker (conformance/reporting/ordering.py)."""
+    from attention_conformance.conformance.reporting import ordering
+
+    ordering.apply(config, items)
 
 
 def keep_this_shard(config, items) -> None:
@@ -477,10 +506,11 @@ def tests_ended() -> None:
 def configure_node(node) -> None:
     """pytest-xdist, on the controller: tell a new worker where to stream what it judges (transport.py) and where
     to save repros (repro.py)."""
-    from attention_conformance.conformance.reporting import transport
+    from attention_conformance.conformance.reporting import ordering, transport
 
     node.workerinput[transport.STREAM_KEY] = transport.open_stream_directory()
     evidence.node_input(node)
+    ordering.node_input(node)
 
 
 def item_done(config) -> None:

@@ -10,12 +10,11 @@ import pytest
 
 from attention_conformance.conformance.cases.fixtures import Fixture
 from attention_conformance.conformance.harness.checks import require_device
-from attention_conformance.conformance.judging.fixtures import judge_fixture
-from attention_conformance.conformance.judging.verdict import Judge
+from attention_conformance.conformance.judging.fixtures import fixture_judge, judge_fixture
 
 pytestmark = pytest.mark.conformance
 
 
 def test_fixture(fixture_case: Fixture, impl, device, dtype):
     require_device(impl, device)
-    judge_fixture(Judge(impl, dtype, device, f"test_fixture[{fixture_case.id}]"), fixture_case)
+    judge_fixture(fixture_judge(fixture_case, impl, dtype, device, f"test_fixture[{fixture_case.id}]"), fixture_case)

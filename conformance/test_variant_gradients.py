@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from attention_conformance.conformance.cases.case import Case
 from attention_conformance.conformance.cases.gradients import without_keywords, variant_gradient_cases
-from attention_conformance.conformance.cases.support import unsupported
+from attention_conformance.conformance.cases.pairwise import gradient_pair_cases
 from attention_conformance.conformance.harness.checks import gradient_judge_for, without_autodiff
 from attention_conformance.conformance.harness.properties import property_test
 from attention_conformance.conformance.judging.gradient_verdicts import (
@@ -104,9 +104,8 @@ def variant_blame(judge, case: Case, inputs: dict, name: str) -> tuple[str, str]
 def check_variant_gradients(impl, device, dtype, case: Case, order=("dq", "dk", "dv", "dmask", "dsink")) -> None:
     judge = gradient_judge_for(impl, device, dtype)
     inputs = case.rounded(dtype)
-    if "nan" in str(judge.policy(case, inputs)) and judge._fully_masked_rows(case, inputs).any():
-        # A row declared NaN (FULLY_MASKED_ROWS) has no gradient the contract could state, even with dO = 0 there.
-        unsupported(f"{impl.name} declares NaN for this case's rows without a key: their gradient is not defined")
+    # Rows declared NaN (FULLY_MASKED_ROWS) leave the gradients they reach unjudged, every other one is judged
+    # (gradient_verdicts.nan_row_unjudged).
     judge_gradients(judge, case, inputs, order=order, forward_clause=FORWARD_CLAUSES[case.clauses[0]],
                     blame=variant_blame)
 
@@ -147,3 +146,13 @@ def test_variant_gradients(impl, device, dtype, case):
 def test_learnable_sink_gradients(impl, device, dtype, case):
     """dsink = -sum_b sum_i P_sink (dO . O) per query head, and dq, dk, dv with the sink in the normaliser."""
     check_variant_gradients(impl, device, dtype, case, order=("dsink", "dq", "dk", "dv", "dmask"))
+
+
+@property_test(requires=differentiable_with(*KEY_CHOOSING, "softcap", "learnable_sink"), covering_set="pairwise",
+               pairs_of="gradients")
+@sdpa_op
+@given(case=gradient_pair_cases())
+def test_every_pair_of_variant_gradients(impl, device, dtype, case):
+    """The backward through every two variant keywords, the causal flag and grouped heads (conformance/cases/
+    pairwise.py): a pair's corner at keyword values drawn as their own gradient properties draw them."""
+    check_variant_gradients(impl, device, dtype, case)

@@ -42,7 +42,7 @@ or more of
                        in sdpa_varlen and sdpa_paged (query row i at i + Lk_b - Lq_b, or at i)
     NAME               the id shown in test ids and reports (default: the --impl spec)
     SUPPORTS           the region it can run: {"head_dims", "value_head_dim", "lengths", "equal_lengths",
-                       "masks", "causal" (or "lq<=lk", "lq>=lk", "lq==lk"), "scale", "gqa", "max_group",
+                       "masks", "causal" (or "only", "lq<=lk", "lq>=lk", "lq==lk"), "scale", "gqa", "max_group",
                        "variants"} (implementations/region.py); generated cases are drawn inside it, a
                        case outside it is unsupported, never failed
     supports(facts)    optional method: why a case is outside the region (str), or None; asked while
@@ -60,7 +60,8 @@ or more of
                        scale, is_causal, mask_kind ("none", "bool", "float"), B, Hq, Hkv,
                        Lq, Lk, Dk, Dv, fully_masked (the case has a row with no attendable key),
                        fully_masked_causes (what emptied those rows), variants (the variant keywords
-                       the case passes, docs/contract.md). Ready-made entries for conventions
+                       the case passes, docs/contract.md), variant_values (their values by name),
+                       query_offset_is_bottom_right. Ready-made entries for conventions
                        real libraries share: ``deviations.py`` (attention_conformance.implementations
                        .deviations: large_finite_negative_mask_fill, float64_computed_in_float32,
                        masked_fill_overflow_16bit, scale_after_masking)

@@ -13,9 +13,12 @@ FULLY_MASKED_POLICIES = ("zeros", "nan", "uniform")
 
 
 # What leaves a fully masked row without a key, in the order that attributes a row to one of them (the first that
-# empties it on its own; docs/contract.md, FULLY_MASKED_ROWS): the removals a kernel handles on a path of their
-# own first, the masks last. The two mask kinds are also the keys of the older {"bool": ..., "float": ...} form.
-FULLY_MASKED_CAUSES = ("key_lengths", "window", "causal", "bool", "float")
+# empties it on its own; docs/declarations.md, FULLY_MASKED_ROWS): the removals a kernel handles on a path of their
+# own first, the masks last. The chunk (with the band and the window) and the left padding (with the key
+# lengths, or with the band, the window and the chunk) come after the older causes, so that a row one of those
+# empties on its own keeps its cause. The two mask kinds are also the keys of the older {"bool": ..., "float": ...}
+# form.
+FULLY_MASKED_CAUSES = ("key_lengths", "window", "causal", "attention_chunk", "key_leftpad", "bool", "float")
 
 
 MASK_KIND_CAUSES = ("bool", "float")

@@ -11,8 +11,8 @@ optional)::
         "lengths": {"min": 1, "max": 4096, "multiple": 1},      # Lq and Lk
         "equal_lengths": True,           # Lq == Lk only (default False); packed or paged: every sequence's
         "masks": ["none", "bool", "float"],                     # mask kinds it takes (default all)
-        "causal": True,                  # accepts is_causal=True (default True); False; or only with
-                                         # "lq<=lk", "lq>=lk" or "lq==lk"
+        "causal": True,                  # accepts is_causal=True (default True); False; "only" (every case
+                                         # causal); or causal only with "lq<=lk", "lq>=lk" or "lq==lk"
         "scale": "any",                  # "any" (default), "positive" or "nonnegative" (None, the
                                          # default 1/sqrt(Dk), is positive)
         "gqa": True,                     # Hq a multiple of Hkv > 1 head per kv head (default True)
@@ -23,7 +23,8 @@ optional)::
 
 and/or a method ``supports(facts) -> str | None`` returning why a case is outside
 (None: inside); facts are those of ``KNOWN_DEVIATIONS`` but ``fully_masked`` (docs/declarations.md, "Facts":
-op, dtype, device, scale, is_causal, mask_kind, B, Hq, Hkv, Lq, Lk, Dk, Dv, variants).
+op, dtype, device, scale, is_causal, mask_kind, B, Hq, Hkv, Lq, Lk, Dk, Dv, variants, variant_values,
+query_offset_is_bottom_right).
 
 The suite draws generated cases *inside* the region (conformance/cases/), so an
 implementation that cannot run tiny shapes is judged on kernel-shaped ones instead of
@@ -52,6 +53,11 @@ MHA_HEAD_WIDTHS = ("any", "e_over_h")
 # "causal": a kernel whose causal path assumes one length relation (a flash kernel's query-block loop that
 # stops at the diagonal) declares it; the top-left band of the contract is the same for all three.
 CAUSAL_RELATIONS = ("lq<=lk", "lq>=lk", "lq==lk")
+
+
+# "causal": "only" for a kernel that runs causal attention alone (gpt-oss's Triton attention masks every key past the
+# query's position, with no flag to turn it off): every case is drawn causal, a non-causal one is outside.
+CAUSAL_ONLY = "only"
 
 
 # "scale": kernels that take log2 of the scale or fold it into exp2 refuse a zero or negative one.
@@ -84,6 +90,30 @@ def variant_options(inputs: dict) -> dict:
 
     return {name: inputs[name] for name, default in VARIANT_DEFAULTS.items()
             if inputs.get(name) is not None and not (default is not None and _equal(inputs[name], default))}
+
+
+def variant_values(inputs: dict) -> dict:
+    """The values of the variant keywords a case passes (variant_options), as plain Python: facts["variant_values"].
+
+    window a (left, right) tuple of ints or None; softcap a float; query_offset, sink_token_length and
+    attention_chunk ints; the arrays (alibi_slopes, learnable_sink, query_lengths, key_lengths, key_leftpad) nested
+    tuples of their entries ((Hq,) or (B, Hq) slopes keep their shape)."""
+    import numpy as np  # noqa: PLC0415 -- facts of cases only
+
+    def plain(name: str, value):
+        if name == "window":
+            return tuple(None if edge is None else int(edge) for edge in value)
+        if name == "softcap":
+            return float(value)
+        if name in ("query_offset", "sink_token_length", "attention_chunk"):
+            return int(value)
+        return _tuples(np.asarray(value).tolist())
+
+    return {name: plain(name, value) for name, value in sorted(variant_options(inputs).items())}
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _equal(value, default) -> bool:
@@ -167,6 +197,7 @@ class Region:
     scale: str = "any"  # one of SCALE_SIGNS
     variants: tuple[str, ...] | None = None  # the variant keywords it runs (None: those its signature accepts)
     mha_head_width_e_over_h: bool = False  # multi_head_attention only with H * Dk == H * Dv == E
+    causal_only: bool = False  # is_causal=True only (SUPPORTS["causal"] "only")
 
     # ------------------------------------------------------------ questions
     @property
@@ -202,6 +233,8 @@ class Region:
                 return "is_causal=True with a sequence of Lq_b != Lk_b (declared causal: 'lq==lk')"
         if facts.get("is_causal") and not self.causal:
             return "is_causal=True (declared causal: False)"
+        if self.causal_only and "is_causal" in facts and not facts["is_causal"]:
+            return f"is_causal=False (declared causal: {CAUSAL_ONLY!r})"
         if facts.get("is_causal") and "Lq" in facts and "Lk" in facts \
                 and not causal_lengths_ok(self.causal_lengths, facts["Lq"], facts["Lk"]):
             return (f"is_causal=True with Lq {facts['Lq']}, Lk {facts['Lk']} "
@@ -242,7 +275,8 @@ class Region:
             "lengths": self.lengths.describe(),
             "equal_lengths": self.equal_lengths,
             "masks": list(self.masks),
-            "causal": self.causal_lengths if self.causal and self.causal_lengths else self.causal,
+            "causal": CAUSAL_ONLY if self.causal_only else (self.causal_lengths if self.causal and self.causal_lengths
+                                                             else self.causal),
             "scale": self.scale,
             "gqa": self.gqa,
             "max_group": self.max_group,
@@ -293,9 +327,11 @@ def parse_region(declared, check=None, where: str = "SUPPORTS") -> Region:
             kwargs["causal"] = causal
         elif isinstance(causal, str) and causal.replace(" ", "").lower() in CAUSAL_RELATIONS:
             kwargs["causal_lengths"] = causal.replace(" ", "").lower()
+        elif isinstance(causal, str) and causal.strip().lower() == CAUSAL_ONLY:
+            kwargs["causal_only"] = True
         else:
-            raise RegionError(f"{where}['causal'] must be True, False or one of {list(CAUSAL_RELATIONS)} "
-                              f"(causal only with that length relation), got {causal!r}")
+            raise RegionError(f"{where}['causal'] must be True, False, {CAUSAL_ONLY!r} (causal cases only) or one of "
+                              f"{list(CAUSAL_RELATIONS)} (causal only with that length relation), got {causal!r}")
     if "scale" in declared:
         if declared["scale"] not in SCALE_SIGNS:
             raise RegionError(f"{where}['scale'] must be one of {list(SCALE_SIGNS)}, got {declared['scale']!r}")
@@ -327,6 +363,10 @@ def parse_region(declared, check=None, where: str = "SUPPORTS") -> Region:
 EVERYTHING = Region()
 
 
+# The operations whose facts hold "variants" and "variant_values" (sdpa_sequence_parallel's: its own region_facts).
+VARIANT_OPS = ("sdpa", "multi_head_attention", "sdpa_varlen", "sdpa_paged")
+
+
 def shape_facts(op: str, inputs: dict) -> dict:
     """The facts a region looks at, read off a case's inputs (arrays in the contract's layout)."""
     facts: dict[str, Any] = {"op": op}
@@ -335,20 +375,29 @@ def shape_facts(op: str, inputs: dict) -> dict:
     facts["is_causal"] = bool(inputs.get("is_causal", False))
     if op in ("sdpa", "sdpa_varlen", "sdpa_paged"):
         facts["scale"] = inputs.get("scale")
-    if op in ("sdpa", "multi_head_attention"):  # mha.variants: the same keywords, per head
-        facts["variants"] = tuple(sorted(variant_options(inputs)))
+    if op in VARIANT_OPS:  # mha.variants: the same keywords, per head; packed and paged: per sequence
+        values = variant_values(inputs)
+        facts["variants"] = tuple(values)  # the names, sorted
+        facts["variant_values"] = values
     if op == "sdpa" and "q" in inputs:
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         facts.update(B=q.shape[0], Hq=q.shape[1], Hkv=k.shape[1], Lq=q.shape[-2], Lk=k.shape[-2],
                      Dk=q.shape[-1], Dv=v.shape[-1])
     elif op in ("sdpa_varlen", "sdpa_paged") and "q" in inputs:
         facts.update(sequence_facts(op, inputs))
+    elif op == "merge_states" and "out" in inputs:  # P stacked states of (B, Hq, Lq, Dv); lengths are sdpa's
+        parts, b, hq, _, dv = inputs["out"].shape
+        facts.update(P=parts, B=b, Hq=hq, Dv=dv)
     elif op == "multi_head_attention" and "query" in inputs:
         heads, params = inputs["num_heads"], inputs["params"]
         facts.update(B=inputs["query"].shape[0], Hq=heads, Hkv=heads, Lq=inputs["query"].shape[1],
                      Lk=inputs["key"].shape[1], Dk=params["w_q"].shape[1] // heads, Dv=params["w_v"].shape[1] // heads,
                      E=inputs["query"].shape[-1], E_k=inputs["key"].shape[-1], E_v=inputs["value"].shape[-1],
                      E_out=params["w_o"].shape[1])
+    if op in ("sdpa", "multi_head_attention") and "Lq" in facts:
+        # FlashAttention's alignment: the last query beside the last key (0 with Lq == Lk and no offset).
+        facts["query_offset_is_bottom_right"] = facts["variant_values"].get("query_offset", 0) == \
+            facts["Lk"] - facts["Lq"]
     return facts
 
 

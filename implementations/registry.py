@@ -27,6 +27,8 @@ from attention_conformance.implementations.contract import (
     LAYOUT_INPUTS,
     LAYOUT_SHAPES,
     LAYOUTS,
+    LSE_CONVENTION_CHOICES,
+    LSE_CONVENTION_DEFAULTS,
     MASK_KIND_CAUSES,
     OPERATIONS,
     OPTIONAL_KEYWORDS,
@@ -69,6 +71,8 @@ class Implementation:
     gradients: bool = True  # GRADIENTS=False: a forward-only sdpa, to which the gradient tests do not apply
     fp8_output_dtype: str = "bfloat16"  # FP8_OUTPUT_DTYPE: the output dtype of its 8-bit cases
     refusals: tuple[str, ...] = ()  # REFUSALS: texts of errors by which its compiler refuses a program
+    # LSE_CONVENTION: how its log-sum-exp is written ({"base", "empty_row", "sink"}; contract.LSE_CONVENTION_DEFAULTS)
+    lse_convention: dict = field(default_factory=lambda: dict(LSE_CONVENTION_DEFAULTS))
     _signatures: dict = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -179,8 +183,9 @@ class Implementation:
         """FULLY_MASKED_ROWS for one fully masked row: what its ``cause`` (FULLY_MASKED_CAUSES) gives in ``dtype``.
 
         ``case_kind`` is the case's mask kind, "float" for a float mask and "bool" otherwise: a cause-mapping without
-        an entry for "causal", "window" or "key_lengths" gives those rows the entry of the case's mask kind (the
-        older {"bool", "float"} form, where every row of a case followed its mask kind). A missing "bool" or "float"
+        an entry for a cause other than "bool" and "float" ("key_lengths", "window", "causal", "attention_chunk",
+        "key_leftpad") gives those rows the entry of the case's mask kind (the older {"bool", "float"} form, where
+        every row of a case followed its mask kind). A missing "bool" or "float"
         entry, and a dtype a by-dtype mapping does not name, give "zeros". A callable gets ``facts`` (those of a
         KNOWN_DEVIATIONS ``when``) with the row's "cause" added.
         """
@@ -270,8 +275,12 @@ class Implementation:
         scalar arguments. Defaults are left out so optional parameters stay optional.
         The suite's judge calls ``call_raw`` instead, to check the result's type first.
         """
-        return self.output_from_layout(op, ARRAY_KINDS[self.array].to_numpy(self.call_raw(op, arrays, options,
-                                                                                         device)))
+        kind = ARRAY_KINDS[self.array]
+        got = self.call_raw(op, arrays, options, device)
+        pair = options.get("return_lse") or op == "merge_states"  # (out, lse)
+        if pair and isinstance(got, (tuple, list)) and len(got) == 2:
+            return self.output_from_layout(op, kind.to_numpy(got[0])), kind.to_numpy(got[1])
+        return self.output_from_layout(op, kind.to_numpy(got))
 
     def call_raw(self, op: str, arrays: dict[str, Any], options: dict, device: str, passed: dict | None = None):
         """As ``call``, but return the result exactly as the implementation returned it (no conversion, in its LAYOUT).
@@ -323,6 +332,7 @@ class Implementation:
             "gradients": self.gradients,
             **({"fp8_output_dtype": self.fp8_output_dtype} if any(map(is_eight_bit, self.dtypes)) else {}),
             **({"refusals": list(self.refusals)} if self.refusals else {}),
+            **({"lse_convention": self.lse_convention} if self.lse_convention != LSE_CONVENTION_DEFAULTS else {}),
             "skip_reason": self.skip_reason,
         }
 
@@ -387,6 +397,24 @@ def _differs(value, default) -> bool:
 
 
 # ---------------------------------------------------------------------- loading
+def parse_lse_convention(declared, spec: str) -> dict:
+    """LSE_CONVENTION as a complete dict (the defaults for the keys it leaves out); a load error naming the key and
+    the value where one is not among contract.LSE_CONVENTION_CHOICES."""
+    if declared is None:
+        return dict(LSE_CONVENTION_DEFAULTS)
+    if not isinstance(declared, dict):
+        raise ImplementationLoadError(f"{spec}: LSE_CONVENTION must be a dict with keys among "
+                                      f"{list(LSE_CONVENTION_CHOICES)}, got {declared!r}")
+    for key, value in declared.items():
+        if key not in LSE_CONVENTION_CHOICES:
+            raise ImplementationLoadError(f"{spec}: LSE_CONVENTION has an unknown key {key!r}; keys: "
+                                          f"{list(LSE_CONVENTION_CHOICES)}")
+        if value not in LSE_CONVENTION_CHOICES[key]:
+            raise ImplementationLoadError(f"{spec}: LSE_CONVENTION[{key!r}] must be one of "
+                                          f"{list(LSE_CONVENTION_CHOICES[key])}, got {value!r}")
+    return {**LSE_CONVENTION_DEFAULTS, **declared}
+
+
 def from_object(obj, name: str, spec: str) -> Implementation:
     """Wrap a contract object, validating its declared attributes (one-line errors)."""
     if inspect.isclass(obj):
@@ -467,6 +495,7 @@ def from_object(obj, name: str, spec: str) -> Implementation:
     if isinstance(refusals, str) or not all(isinstance(sign, str) and sign for sign in refusals):
         raise ImplementationLoadError(f"{spec}: REFUSALS must be a tuple of non-empty strings (texts of a compiler's "
                                       f"refusal), got {refusals!r}")
+    lse_convention = parse_lse_convention(getattr(obj, "LSE_CONVENTION", None), spec)
     deviations = tuple(getattr(obj, "KNOWN_DEVIATIONS", ()))
     for index, deviation in enumerate(deviations):
         if not (isinstance(deviation, dict) and {"clause", "when", "reason"} <= set(deviation) and callable(deviation["when"])):
@@ -492,6 +521,7 @@ def from_object(obj, name: str, spec: str) -> Implementation:
         gradients=gradients,
         fp8_output_dtype=fp8_output,
         refusals=tuple(refusals),
+        lse_convention=lse_convention,
     )
     if not any(impl.implements(op) for op in OPERATIONS):
         raise ImplementationLoadError(f"{spec}: exposes none of {', '.join(OPERATIONS)}")

@@ -18,9 +18,14 @@ from attention_conformance.conformance import (
     test_fixtures,
     test_fp8,
     test_gradients,
+    test_lse,
+    test_merge_states,
     test_mha,
+    test_mha_gradients,
     test_paged,
+    test_pairwise,
     test_properties,
+    test_sequence_gradients,
     test_variant_gradients,
     test_variants,
     test_varlen,
@@ -34,7 +39,8 @@ from attention_conformance.implementations.arrays import is_eight_bit
 PROPERTY_TESTS = [
     fn
     for module in (test_properties, test_mha, test_gradients, test_dropout, test_variants, test_variant_gradients,
-                   test_varlen, test_paged, test_fp8)
+                   test_varlen, test_paged, test_fp8, test_lse, test_merge_states, test_pairwise,
+                   test_sequence_gradients, test_mha_gradients)
     for name, fn in vars(module).items()
     if name.startswith("test_") and callable(fn) and hasattr(fn, "__wrapped__")
 ]
@@ -112,13 +118,14 @@ def run_battery(impl, *, dtypes=("float64", "float32"), max_examples: int = 20, 
 # of them has that module's tests run first, so it is stopped early (the verdict
 # is the same; only the order of the battery changes).
 FAMILY_MODULES = {"grad.": test_gradients, "dropout.": test_dropout, "mha.": test_mha, "varlen.": test_varlen,
-                  "paged.": test_paged, "sdpa.fp8-": test_fp8,
+                  "paged.": test_paged, "sdpa.fp8-": test_fp8, "lse.": test_lse, "merge.": test_merge_states, "sdpa.feature-pairs": test_pairwise,
                   **{clause: test_variants for clause in ("sdpa.window", "sdpa.softcap", "sdpa.alibi",
                                                           "sdpa.query-offset", "sdpa.varlen", "sdpa.variant-order",
                                                           "sdpa.learnable-sink", "sdpa.sink-tokens",
                                                           "sdpa.attention-chunk", "sdpa.key-leftpad")},
                   **{clause: test_variant_gradients for clause in ("grad.softcap", "grad.variants",
-                                                                   "grad.learnable-sink")}}
+                                                                   "grad.learnable-sink")},
+                  "grad.varlen": test_sequence_gradients, "grad.mha": test_mha_gradients}
 
 
 def _family_tests(stop_on) -> list:

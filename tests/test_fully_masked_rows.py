@@ -102,7 +102,8 @@ def _judge(spec: str, dtype: str = "float32") -> Judge:
 
 # ------------------------------------------------------------------ attribution of causes
 @pytest.mark.parametrize("options, expected", [
-    # Each cause alone; the first in the order key_lengths, window, causal, bool, float wins where several do.
+    # Each cause alone; the first in the order key_lengths, window, causal, attention_chunk, key_leftpad, bool,
+    # float wins where several do.
     ({"window": (0, 0)}, {3: "window", 4: "window", 5: "window"}),
     ({"key_lengths": np.array([0, 3])}, {i: "key_lengths" for i in range(6)}),  # example 0 only
     ({"window": (0, 0), "key_lengths": np.array([0, 3])}, {0: "key_lengths", 3: "key_lengths"}),
@@ -115,6 +116,21 @@ def _judge(spec: str, dtype: str = "float32") -> Judge:
                                                                                     3: "window"}),
     # Window and key lengths together, no mask -> "bool"; rows past the last key are the window's alone.
     ({"window": (0, 0), "key_lengths": np.array([1, 3])}, {1: "bool", 2: "bool", 3: "window"}),
+    # A chunk alone: queries at positions 4..6 lie in chunks without keys (keys 0..2, chunks of 2), beside a bool
+    # mask's own row; with the window it bounds: its sink token (key 0) and the query's chunk (key 2) share no key.
+    ({"attention_chunk": 2, "query_offset": 1}, {3: "attention_chunk", 5: "attention_chunk"}),
+    ({"attention_chunk": 2, "query_offset": 1, "mask": np.array([[False] * 3] + [[True] * 3] * 5)},
+     {0: "bool", 3: "attention_chunk"}),
+    ({"attention_chunk": 2, "query_offset": 3, "window": (0, 0), "sink_token_length": 1}, {0: "attention_chunk"}),
+    # The left padding: queries before the first real key under the band (P = 2), every key padding (P = Lk), or the
+    # key lengths ending inside the padding; a bool mask keeping only padding keys stays the mask's.
+    ({"key_leftpad": np.array([2, 0]), "is_causal": True}, {0: "key_leftpad", 1: "key_leftpad"}),
+    ({"key_leftpad": np.array([3, 0])}, {i: "key_leftpad" for i in range(6)}),
+    ({"key_leftpad": np.array([1, 0]), "key_lengths": np.array([1, 3])}, {i: "key_leftpad" for i in range(6)}),
+    ({"key_leftpad": np.array([1, 0]), "mask": np.array([[True] * 3] * 2 + [[True, False, False]] + [[True] * 3] * 3)},
+     {2: "bool"}),
+    # An older cause that empties a row on its own keeps it: a window past every key beside a chunk and a padding.
+    ({"window": (0, 0), "attention_chunk": 2, "key_leftpad": np.array([1, 0])}, {3: "window", 4: "window"}),
 ])
 def test_each_row_is_attributed_to_one_cause(options, expected):
     case = _case(**options)
@@ -199,6 +215,12 @@ LEGACY_CASES = [
     {"mask": np.triu(np.ones((6, 3), dtype=bool), 1), "is_causal": True},
     {"window": (0, 0), "key_lengths": np.array([1, 3])},
     {"mask": np.zeros((6, 3)), "window": (0, 0)},
+    # Rows a chunk or the left padding empties (before: the case's mask kind, as every row).
+    {"mask": np.array([[False] * 3] + [[True] * 3] * 5), "attention_chunk": 2, "query_offset": 1},
+    {"mask": np.where(np.arange(6)[:, None] == 4, -np.inf, np.zeros((6, 3))), "key_leftpad": np.array([2, 0]),
+     "is_causal": True},
+    {"key_leftpad": np.array([3, 1]), "window": (1, 0)},
+    {"mask": np.zeros((6, 3)), "attention_chunk": 2, "query_offset": 3, "window": (0, 0), "sink_token_length": 1},
 ]
 
 
@@ -220,10 +242,118 @@ def test_an_older_form_gives_every_row_its_mask_kinds_policy(declared, options):
     assert (now[empty] == before).all(), (now[empty], before)
 
 
+def _cause_before(inputs: dict) -> np.ndarray:
+    """The attribution before the chunk and the left padding had causes of their own: the first of key_lengths,
+    window, causal, bool, float that empties a row on its own, else the case's mask kind (example 0, head 0)."""
+    from attention_conformance.conformance.reference import oracle
+
+    lq, lk = inputs["q"].shape[2], inputs["k"].shape[2]
+    mask, offset = inputs.get("mask"), inputs.get("query_offset", 0)
+    kind = "float" if mask is not None and mask.dtype != np.bool_ else "bool"
+    alone = []
+    if inputs.get("key_lengths") is not None:
+        alone.append(("key_lengths", oracle.positions_allowed(lq, lk, key_lengths=inputs["key_lengths"])))
+    if inputs.get("window") is not None:
+        alone.append(("window", oracle.positions_allowed(lq, lk, window=inputs["window"], query_offset=offset,
+                                                         sink_token_length=inputs.get("sink_token_length", 0))))
+    if inputs.get("is_causal"):
+        alone.append(("causal", oracle.positions_allowed(lq, lk, True, query_offset=offset)))
+    if mask is not None:
+        alone.append((kind, mask if kind == "bool" else ~np.isneginf(mask)))
+    causes = np.full(lq, kind, dtype="<U16")
+    for cause, allowed in reversed(alone):  # the first in the order wins
+        keyless = ~np.broadcast_to(allowed, (2, 2, lq, lk))[0, 0].any(axis=-1)
+        causes[keyless] = cause
+    return causes
+
+
+OLDER_CAUSE_MAPPING = {"key_lengths": "uniform", "window": "zeros", "causal": "uniform", "bool": "nan",
+                       "float": "zeros"}
+
+
+@pytest.mark.parametrize("options", range(len(LEGACY_CASES)))
+def test_an_older_cause_mapping_gives_every_row_the_policy_it_gave_before(options):
+    """A mapping by the older causes, without attention_chunk or key_leftpad: each row the policy of its cause as
+    attributed before (the chunk's and the left padding's rows fell to the case's mask kind, and still do)."""
+    obj = types.SimpleNamespace(sdpa=WindowZerosBiasNan.sdpa, FULLY_MASKED_ROWS=OLDER_CAUSE_MAPPING)
+    judge = Judge(from_object(obj, "older", "older"), "float32", "cpu")
+    case = _case(**LEGACY_CASES[options])
+    inputs = case.rounded("float32")
+    empty = judge._fully_masked_rows(case, inputs)[0, 0]
+    assert empty.any()
+    now = np.broadcast_to(np.asarray(judge.policy(case, inputs)), (2, 2, 6))[0, 0]
+    before = np.array([OLDER_CAUSE_MAPPING[cause] for cause in _cause_before(inputs)])
+    assert (now[empty] == before[empty]).all(), (now, before, judge.row_causes(case, inputs)[0, 0])
+
+
+# ------------------------------------------------------------------ the chunk's and the left padding's own policies
+ATTENTION_REF = "zoo.correct_fa_attention_ref_rows"
+# What could be declared before: the causes of FlashAttention's reference without the chunk and the left padding.
+ATTENTION_REF_BEFORE = {"key_lengths": "zeros", "window": "zeros", "causal": "zeros", "bool": "nan", "float": "nan"}
+
+
+def _attention_ref(declared=None) -> Judge:
+    """FlashAttention's reference on rows without keys (zoo member), with its own declaration or ``declared``."""
+    import zoo.correct_fa_attention_ref_rows as member
+
+    if declared is None:
+        return _judge(ATTENTION_REF)
+    obj = types.SimpleNamespace(sdpa=member.sdpa, FULLY_MASKED_ROWS=declared)
+    return Judge(from_object(obj, "attention_ref_rows", "attention_ref_rows"), "float32", "cpu")
+
+
+CHUNK_AND_MASK = {"attention_chunk": 2, "query_offset": 1, "mask": np.array([[False] * 3] + [[True] * 3] * 5)}
+LEFTPAD_AND_MASK = {"key_leftpad": np.array([2, 1]), "is_causal": True,
+                    "mask": np.where(np.arange(6)[:, None] == 4, -np.inf, np.zeros((6, 3)))}
+
+
+@pytest.mark.parametrize("options, cause, rows", [
+    (CHUNK_AND_MASK, "attention_chunk", (3, 4, 5)),
+    (LEFTPAD_AND_MASK, "key_leftpad", (0, 1)),
+])
+def test_a_chunk_or_padding_row_is_judged_by_its_own_policy(kept_records, options, cause, rows):
+    """attention_ref zero-fills a row its chunk or left padding empties and gives NaN for one its mask empties: one
+    declaration says both (the member passes), while the older causes could not (the row took the mask's NaN)."""
+    case = _case(**options)
+    inputs = case.rounded("float32")
+    judge = _attention_ref()
+    causes, policy = judge.row_causes(case, inputs), np.asarray(judge.policy(case, inputs))
+    assert all(causes[0, 0, row] == cause and policy[0, 0, row] == "zeros" for row in rows), (causes[0, 0], policy)
+    masked = 0 if cause == "attention_chunk" else 4
+    assert causes[0, 0, masked] in ("bool", "float") and policy[0, 0, masked] == "nan"
+    got, inputs = judge.check(case)
+    assert judge.judge(case, got, inputs).status == "deviation"  # its NaN rows were judged under "nan"
+    with pytest.raises(ConformanceFailure) as raised:
+        _attention_ref(ATTENTION_REF_BEFORE).check(case)
+    assert raised.value.clause == "mask.fully-masked-row"
+    assert f"emptied by {cause}" in str(raised.value) and "'nan'" in str(raised.value)
+
+
+@pytest.mark.parametrize("declared, expected", [
+    ({"attention_chunk": "uniform", "key_leftpad": "nan", "bool": "zeros"}, ("uniform", "nan", "zeros")),
+    ({"attention_chunk": "nan", "key_leftpad": "uniform", "bool": "uniform"}, ("nan", "uniform", "uniform")),
+    ({"bool": "nan"}, ("nan", "nan", "nan")),  # without them: the mask kind's entry
+])
+def test_each_new_cause_takes_its_own_entry(declared, expected):
+    """One case with a row of each: a chunk's (rows 3-5 of example 0), the left padding's (rows 0-1 of example 1)
+    and a bool mask's (row 0 of example 0 and, in the padding, none of example 1's others)."""
+    mask = np.ones((2, 1, 6, 3), dtype=bool)
+    mask[0, :, 0] = False
+    case = _case(attention_chunk=2, query_offset=1, key_leftpad=np.array([0, 3]), mask=mask)
+    obj = types.SimpleNamespace(sdpa=WindowZerosBiasNan.sdpa, FULLY_MASKED_ROWS=declared)
+    judge = Judge(from_object(obj, "causes", "causes"), "float32", "cpu")
+    inputs = case.rounded("float32")
+    causes = judge.row_causes(case, inputs)
+    policy = np.broadcast_to(np.asarray(judge.policy(case, inputs)), causes.shape)
+    assert causes[0, 0, 3] == "attention_chunk" and causes[1, 0, 0] == "key_leftpad" and causes[0, 0, 0] == "bool"
+    assert (policy[0, 0, 3], policy[1, 0, 0], policy[0, 0, 0]) == expected
+
+
 # ------------------------------------------------------------------ declarations that are wrong
 @pytest.mark.parametrize("declared, words", [
     ("mean", ["FULLY_MASKED_ROWS='mean'", "'zeros', 'nan', 'uniform'"]),
-    ({"padding": "zeros"}, ["FULLY_MASKED_ROWS has key 'padding'", "key_lengths, window, causal, bool, float"]),
+    ({"padding": "zeros"}, ["FULLY_MASKED_ROWS has key 'padding'",
+                            "key_lengths, window, causal, attention_chunk, key_leftpad, bool, float"]),
     ({"window": "mean"}, ["FULLY_MASKED_ROWS['window']='mean'"]),
     ({"float16": "nan", "window": "zeros"}, ["mixes dtypes and other keys", "'window'"]),
     ({"float16": {"bool": "nan", "padding": "zeros"}}, ["FULLY_MASKED_ROWS['float16'] has key 'padding'"]),

@@ -47,7 +47,7 @@ def test_the_listing_names_keywords_region_and_declarations():
     assert "dtypes=cpu: float32; cuda: float16,bfloat16" in lines[1]
     sdpa = next(line for line in lines if line.startswith("sdpa keywords:"))
     # accepted, then the variant keywords of the signature, then the ones it lacks
-    assert sdpa.startswith("sdpa keywords: mask, is_causal, scale (not: dropout_p); variants: window, softcap, key_lengths")
+    assert sdpa.startswith("sdpa keywords: mask, is_causal, scale (not: return_lse, dropout_p); variants: window, softcap, key_lengths")
     assert all(name in sdpa.split("(not: ")[-1] for name in VARIANT_DEFAULTS if name not in ("window", "softcap",
                                                                                             "key_lengths"))
     # SUPPORTS lists key_lengths and window: those are drawn; softcap is accepted but not drawn
@@ -85,7 +85,7 @@ def test_list_impls_prints_the_declarations_from_the_command_line(tmp_path):
     '''))
     done = pytest_run("--impl", "narrow_kernel", "--list-impls", env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "sdpa keywords: is_causal (not: mask, scale, dropout_p); variants: query_offset (not: " in done.stdout
+    assert "sdpa keywords: is_causal (not: mask, scale, return_lse, dropout_p); variants: query_offset (not: " in done.stdout
     assert "sdpa variants declared in SUPPORTS (the only ones drawn): none" in done.stdout
     assert "equal_lengths=True" in done.stdout and "GRADIENTS=False" in done.stdout
     assert "collected" not in done.stdout  # it lists and exits before running anything

@@ -203,7 +203,8 @@ def test_absent_device_counts_from_workers_are_not_added_twice(monkeypatch):
 # ------------------------------------------------------------------ regions a kernel can state
 @pytest.mark.parametrize("declared, words", [
     ({"equal_lengths": "yes"}, "SUPPORTS['equal_lengths'] must be True or False, got 'yes'"),
-    ({"causal": "lq<lk"}, "SUPPORTS['causal'] must be True, False or one of ['lq<=lk', 'lq>=lk', 'lq==lk']"),
+    ({"causal": "lq<lk"}, "SUPPORTS['causal'] must be True, False, 'only' (causal cases only) or one of "
+                          "['lq<=lk', 'lq>=lk', 'lq==lk']"),
     ({"scale": "pos"}, "SUPPORTS['scale'] must be one of ['any', 'positive', 'nonnegative'], got 'pos'"),
     ({"variants": "window"}, "SUPPORTS['variants'] must be a list of variant keywords"),
     ({"variants": ["windows"]}, "SUPPORTS['variants'] names unknown variant keywords ['windows']"),

@@ -178,6 +178,9 @@ def oracle(op, case, policy, alignment="bottom-right"):
     if op == "multi_head_attention":
         return ref.multi_head_attention(**case)
     out = ref.sdpa(**case)
+    if isinstance(policy, dict) and "bool" in policy:  # per cause: this battery's rows are emptied by their mask
+        mask = case.get("mask")
+        policy = policy.get("float" if mask is not None and np.asarray(mask).dtype != np.bool_ else "bool", "zeros")
     if policy != "zeros":
         dead = fully_masked(case)
         if policy == "nan":

@@ -3,9 +3,10 @@
 The class below is the document's, copied verbatim: In [59]'s SelfAttentionEncoder
 plus a registered (1, 1, seq_len, seq_len) tril buffer whose zeros fill the scores
 with -inf before the softmax. The wrapper builds it with causal=True, dropouts 0
-and a buffer of max(512, Lq) positions (512 is the class default), copies our
-(in, out) weights into its nn.Linear layers (weight = w.T, missing biases zero)
-and calls forward.
+and a buffer of max(512, Lq) positions (512 is the class default) and calls its
+forward with our (in, out) weights as its nn.Linear layers' parameters (weight =
+w.T, missing biases zero; torch.func.functional_call, so that autograd reaches
+our weights).
 
 It can only express causal self-attention (is_causal=True, the document's use)
 without an explicit mask, with head widths E / num_heads (every projection
@@ -112,13 +113,16 @@ class SelfAttention(nn.Module):
 # ------------------------------------------------------------- end of the document's code
 
 
-def _load(linear, w, b):
-    """Our x @ w + b into nn.Linear (weight is (out, in)); a missing bias is zero."""
-    linear.weight.copy_(w.T)
-    if b is None:
-        linear.bias.zero_()
-    else:
-        linear.bias.copy_(b)
+def module_weights(p: dict, device, dtype) -> dict:
+    """Our x @ w + b as the parameters of the module's nn.Linear layers (weight is (out, in); a missing bias is zero),
+    by name, for torch.func.functional_call: the module's forward runs on our tensors, so autograd reaches them (the
+    gradient tests differentiate the contract's params, as training its layers')."""
+    weights = {}
+    for layer, n in (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"), ("proj", "o")):
+        w, b = p[f"w_{n}"], p.get(f"b_{n}")
+        weights[f"{layer}.weight"] = w.T
+        weights[f"{layer}.bias"] = torch.zeros(w.shape[1], device=device, dtype=dtype) if b is None else b
+    return weights
 
 
 def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
@@ -135,7 +139,4 @@ def multi_head_attention(query, key, value, params, num_heads, mask=None, is_cau
             "In [64] SelfAttention needs head widths E / num_heads (w_q, w_k, w_v, w_o all (E, E))")
     module = SelfAttention(e, num_heads, attn_p=0, proj_p=0, causal=True, seq_len=max(512, lq))
     module = module.to(device=query.device, dtype=query.dtype).eval()
-    with torch.no_grad():
-        for layer, n in ((module.q_proj, "q"), (module.k_proj, "k"), (module.v_proj, "v"), (module.proj, "o")):
-            _load(layer, p[f"w_{n}"], p.get(f"b_{n}"))
-    return module(query)
+    return torch.func.functional_call(module, module_weights(p, query.device, query.dtype), (query,))

@@ -3,14 +3,17 @@
 The class below is the document's, copied verbatim: packed q/k/v projections,
 reshape/transpose into heads, scale head_dim ** -0.5, transpose back before the
 merge, output projection. The wrapper builds it with the sizes of our params
-(dropouts 0), copies our (in, out) weights into its nn.Linear layers
-(weight = w.T, missing biases zero) and calls forward.
+(dropouts 0) and calls its forward with our (in, out) weights as its nn.Linear
+layers' parameters (weight = w.T, missing biases zero; torch.func.functional_call,
+so that autograd reaches our weights).
 
 It can only express self-attention without mask or causal flag, with head widths
 E / num_heads (every projection (E, E)); anything else raises NotImplementedError.
 """
 import torch
 import torch.nn as nn
+
+from zoo.correct_docs_000_self_attention_causal import module_weights  # the same nn.Linear layers
 
 BUG = "none"
 SOURCE = "000_ef9a8195ca3d79bb.txt, In [59] SelfAttentionEncoder (copied verbatim, wrapped)"
@@ -82,15 +85,6 @@ class SelfAttentionEncoder(nn.Module):
 # ------------------------------------------------------------- end of the document's code
 
 
-def _load(linear, w, b):
-    """Our x @ w + b into nn.Linear (weight is (out, in)); a missing bias is zero."""
-    linear.weight.copy_(w.T)
-    if b is None:
-        linear.bias.zero_()
-    else:
-        linear.bias.copy_(b)
-
-
 def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False):
     p = {n: torch.as_tensor(t) for n, t in params.items() if t is not None}
     e = query.shape[-1]
@@ -105,7 +99,4 @@ def multi_head_attention(query, key, value, params, num_heads, mask=None, is_cau
             "In [59] SelfAttentionEncoder needs head widths E / num_heads (w_q, w_k, w_v, w_o all (E, E))")
     module = SelfAttentionEncoder(e, num_heads, attn_p=0, proj_p=0).to(device=query.device, dtype=query.dtype)
     module.eval()
-    with torch.no_grad():
-        for layer, n in ((module.q_proj, "q"), (module.k_proj, "k"), (module.v_proj, "v"), (module.proj, "o")):
-            _load(layer, p[f"w_{n}"], p.get(f"b_{n}"))
-    return module(query)
+    return torch.func.functional_call(module, module_weights(p, query.device, query.dtype), (query,))

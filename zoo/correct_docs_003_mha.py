@@ -8,9 +8,10 @@ heads, scores / sqrt(dim_k), ``masked_fill(mask == 0, -1e9)`` after
 ``mask.unsqueeze(1)``, softmax, transpose back, ``out`` projection to emb_dim. It
 returns (output, scores); the wrapper returns output.
 
-The wrapper builds MultiHeadAttention(num_heads, emb_dim=E, dim_k=Dk, dropout=0.0),
-copies our (in, out) weights into its nn.Linear layers (weight = w.T, missing biases
-zero) and calls forward(query, key, value, mask).
+The wrapper builds MultiHeadAttention(num_heads, emb_dim=E, dim_k=Dk, dropout=0.0)
+and calls forward(query, key, value, mask) with our (in, out) weights as its nn.Linear
+layers' parameters (weight = w.T, missing biases zero; torch.func.functional_call, so
+that autograd reaches our weights).
 
 Masks: the document's mask is boolean with True = keep, given as (B, 1, Lk) for a
 source (key padding) mask or (B, Lq, Lk) for a target mask, and unsqueezed to
@@ -171,13 +172,16 @@ class MultiHeadAttention(nn.Module):
 # ------------------------------------------------------------- end of the document's code
 
 
-def _load(linear, w, b):
-    """Our x @ w + b into nn.Linear (weight is (out, in)); a missing bias is zero."""
-    linear.weight.copy_(w.T)
-    if b is None:
-        linear.bias.zero_()
-    else:
-        linear.bias.copy_(b)
+def _weights(p: dict, device, dtype) -> dict:
+    """Our x @ w + b as the parameters of the module's nn.Linear layers (weight is (out, in); a missing bias is zero),
+    by name, for torch.func.functional_call: the module's forward runs on our tensors, so autograd reaches them (the
+    gradient tests differentiate the contract's params, as training its layers')."""
+    weights = {}
+    for layer, n in (("q_linear", "q"), ("k_linear", "k"), ("v_linear", "v"), ("out", "o")):
+        w, b = p[f"w_{n}"], p.get(f"b_{n}")
+        weights[f"{layer}.weight"] = w.T
+        weights[f"{layer}.bias"] = torch.zeros(w.shape[1], device=device, dtype=dtype) if b is None else b
+    return weights
 
 
 def _document_mask(mask, is_causal, lq, lk, device):
@@ -216,8 +220,6 @@ def multi_head_attention(query, key, value, params, num_heads, mask=None, is_cau
     doc_mask = _document_mask(mask, is_causal, query.shape[-2], key.shape[-2], query.device)
     module = MultiHeadAttention(num_heads=h, emb_dim=e, dim_k=p["w_q"].shape[1] // h, dropout=0.0)
     module = module.to(device=query.device, dtype=query.dtype).eval()
-    with torch.no_grad():
-        for layer, n in ((module.q_linear, "q"), (module.k_linear, "k"), (module.v_linear, "v"), (module.out, "o")):
-            _load(layer, p[f"w_{n}"], p.get(f"b_{n}"))
-    output, scores = module(query, key, value, doc_mask)
+    output, scores = torch.func.functional_call(module, _weights(p, query.device, query.dtype),
+                                                (query, key, value, doc_mask))
     return output

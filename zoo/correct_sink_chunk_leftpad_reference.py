@@ -59,15 +59,25 @@ def sink_weights(s, sink):
     return e / (np.sum(e, axis=-1, keepdims=True) + np.exp(sink - m))
 
 
+def lse(s, sink):
+    """Each row's log-sum-exp (B, Hq, Lq): the log of the softmax's normaliser, the sink's term counted once (sink
+    None: none); -inf for a row without keys."""
+    logits = s if sink is None else np.concatenate([s, np.broadcast_to(sink, s.shape[:-1] + (1,))], axis=-1)
+    m = np.max(logits, axis=-1, keepdims=True)
+    shift = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return (shift + np.log(np.sum(np.exp(logits - shift), axis=-1, keepdims=True)))[..., 0]
+
+
 STEPS = {"positions": positions, "causal_keep": causal_keep, "window_keep": window_keep, "chunk_keep": chunk_keep,
-         "leftpad_keep": leftpad_keep, "sink_weights": sink_weights}
+         "leftpad_keep": leftpad_keep, "sink_weights": sink_weights, "lse": lse}
 
 
 def attend(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
            query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-           attention_chunk=None, key_leftpad=None, **steps):
+           attention_chunk=None, key_leftpad=None, return_lse=False, **steps):
     """The pipeline in the order of sdpa.variant-order; ``steps`` replaces a step of STEPS by name (a broken
-    member's one change)."""
+    member's one change). ``return_lse``: (out, lse), lse float32 (B, Hq, Lq)."""
     step = {**STEPS, **steps}
     q64, k64, v64 = ref.as64(q), ref.as64(k), ref.as64(v)
     ref.check_qkv(q64, k64, v64)
@@ -93,16 +103,17 @@ def attend(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap
     if key_lengths is not None:
         keep = keep & variants.length_keep(key_lengths, lk)
     s = s + ref.mask_bias(mask) + np.where(keep, 0.0, -np.inf)
-    if learnable_sink is None:
-        weights = ref.masked_softmax(s, axis=-1)
-    else:
-        weights = step["sink_weights"](s, ref.as64(learnable_sink).reshape(1, hq, 1, 1))
-    return (weights @ v64).astype(ref.out_dtype(q))
+    sink = None if learnable_sink is None else ref.as64(learnable_sink).reshape(1, hq, 1, 1)
+    weights = ref.masked_softmax(s, axis=-1) if sink is None else step["sink_weights"](s, sink)
+    out = (weights @ v64).astype(ref.out_dtype(q))
+    if not return_lse:
+        return out
+    return out, step["lse"](np.broadcast_to(s, weights.shape), sink).astype(np.float32)
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
          query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-         attention_chunk=None, key_leftpad=None):
+         attention_chunk=None, key_leftpad=None, return_lse=False):
     # query_lengths only marks padding rows, which the contract leaves unspecified: every row is computed.
     return attend(q, k, v, mask, is_causal, scale, window, softcap, alibi_slopes, query_offset, query_lengths,
-                  key_lengths, learnable_sink, sink_token_length, attention_chunk, key_leftpad)
+                  key_lengths, learnable_sink, sink_token_length, attention_chunk, key_leftpad, return_lse)

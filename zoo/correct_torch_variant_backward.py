@@ -57,6 +57,25 @@ def sum_groups(x, group: int):
     return x.reshape(b, hq // group, group, *x.shape[2:]).sum(dim=2)
 
 
+def softmax_with_sink(s, sink_column):
+    """(P, P_sink or None): the softmax of the masked scores ``s`` over its last axis, with the learnable sink's
+    logit (broadcast against ``s[..., :1]``) as one more column; a row without keys and without a sink is all zeros."""
+    row_max = s.amax(dim=-1, keepdim=True) if s.shape[-1] else torch.full(s.shape[:-1] + (1,), float("-inf"),
+                                                                           dtype=s.dtype, device=s.device)
+    if sink_column is not None:
+        column = sink_column.to(s.dtype)
+        row_max = torch.maximum(row_max, column)
+    row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
+    e = torch.exp(s - row_max)
+    total = e.sum(dim=-1, keepdim=True)
+    p_sink = None
+    if sink_column is not None:
+        own = torch.exp(column - row_max)
+        total = total + own
+        p_sink = own / total
+    return e / torch.where(total == 0, torch.ones_like(total), total), p_sink
+
+
 class VariantSDPA(torch.autograd.Function):
     # What the backward does; each broken member changes one of these.
     SOFTCAP_DERIVATIVE = True  # dT = dS * (1 - (S_cap / c)^2)
@@ -90,19 +109,7 @@ class VariantSDPA(torch.autograd.Function):
         if mask is not None and mask.dtype == torch.bool:
             keep = keep & mask
         s = s.masked_fill(~keep, float("-inf"))
-        row_max = s.amax(dim=-1, keepdim=True)
-        if sink is not None:
-            column = sink.reshape(1, hq, 1, 1).to(s.dtype)
-            row_max = torch.maximum(row_max, column)
-        row_max = torch.where(torch.isneginf(row_max), torch.zeros_like(row_max), row_max)
-        e = torch.exp(s - row_max)
-        total = e.sum(dim=-1, keepdim=True)
-        p_sink = None
-        if sink is not None:
-            own = torch.exp(column - row_max)
-            total = total + own
-            p_sink = own / total
-        p = e / torch.where(total == 0, torch.ones_like(total), total)  # a row without keys: all zeros
+        p, p_sink = softmax_with_sink(s, None if sink is None else sink.reshape(1, hq, 1, 1))
         return p, p_sink, capped, k_rep, scale, group
 
     @classmethod

@@ -24,21 +24,28 @@ DESCALES = ("q_descale", "k_descale", "v_descale")
 ARRAY_INPUTS += DESCALES
 
 
-# The contract's form of these (docs/contract.md): ALiBi slopes and learnable sink logits are float32
+# merge_states (docs/contract.md, "Merging partial states"): the stacked partial outputs and their lse.
+MERGE_INPUTS = ("out", "lse")
+
+
+ARRAY_INPUTS += MERGE_INPUTS
+
+
+# The contract's form of these (docs/contract.md): ALiBi slopes, learnable sink logits and merged states' lse are float32
 # (float64 in float64 cases), whatever the dtype of q; lengths and left paddings are int32. None is rounded to
 # a 16-bit dtype.
 SLOPES = "alibi_slopes"
 
 
-FLOAT32_PARAMETERS = (SLOPES, "learnable_sink", *DESCALES)
+FLOAT32_PARAMETERS = (SLOPES, "learnable_sink", *DESCALES, "lse")
 
 
 LENGTHS = ("query_lengths", "key_lengths", "key_leftpad", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table")
 
 
 class Case:
-    """op: softmax | sdpa | multi_head_attention | sdpa_varlen | sdpa_paged; inputs: arrays (float64 or bool) and
-    options
+    """op: one of the contract's operations (implementations/contract.py OPERATIONS); inputs: arrays (float64 or
+    bool) and options
     (axis, scale, is_causal, num_heads); clauses: the first is named when values disagree;
     label: a readable id (the fixture id, or a summary of a generated case).
 

@@ -326,9 +326,20 @@ def hinted_lengths(region: Region, heads: int, same_lengths: bool, lengths, quer
 
 
 def draw_is_causal(draw, causal, region: Region) -> bool:
-    """The covering corner's is_causal where the property and the region admit it, else a drawn one."""
+    """The covering corner's is_causal where the property and the region admit it, else a drawn one; True in a
+    region of causal cases only (SUPPORTS["causal"] "only"), where a property that holds is_causal off is outside."""
+    if region.causal_only:
+        return causal_only_case(draw, causal)
     wanted = hint("is_causal")
     return wanted if admits(causal, wanted) and (region.causal or not wanted) else draw(causal, label="is_causal")
+
+
+def causal_only_case(draw, causal) -> bool:
+    """is_causal in a region of causal cases only: True where the property's strategy ``causal`` admits it (not
+    drawn), else the case is outside the region."""
+    if admits(causal, True) or draw(causal, label="is_causal"):
+        return True
+    outside_region("is_causal=False (declared causal: 'only')")
 
 
 def draw_mask_kind(draw, kinds: list[str]) -> str:

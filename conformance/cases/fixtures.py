@@ -49,6 +49,7 @@ class Fixture:
     inputs: dict[str, Any]  # arrays materialised as float64 / bool NumPy arrays
     expected: np.ndarray | None = None
     expected_shape: tuple[int, ...] | None = None
+    expected_lse: np.ndarray | None = None  # sdpa with return_lse: each row's printed log-sum-exp
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     atol: float = 0.0
     rtol: float = 0.0
@@ -233,6 +234,7 @@ def run_oracle(fx: Fixture, inputs: dict[str, Any] | None = None, policy: str = 
     from attention_conformance.conformance.reference import oracle
 
     args = dict(fx.inputs if inputs is None else inputs)
+    args.pop("return_lse", None)  # the output's oracle; the lse's is oracle_lse
     if fx.op == "softmax":
         return oracle.softmax(args["x"], axis=args.get("axis", -1))
     if fx.op == "scores":
@@ -247,6 +249,21 @@ def run_oracle(fx: Fixture, inputs: dict[str, Any] | None = None, policy: str = 
     if fx.op == "sdpa_paged":
         return oracle.sdpa_paged(**args, fully_masked_rows_policy=policy, alignment=fx.alignment)
     return oracle.multi_head_attention(**args)
+
+
+def oracle_lse(fx: Fixture, inputs: dict[str, Any] | None = None) -> np.ndarray:
+    """The oracle's log-sum-exp of an sdpa fixture (on ``inputs`` if given): (B, Hq, Lq), natural log."""
+    from attention_conformance.conformance.reference import oracle
+
+    args = dict(fx.inputs if inputs is None else inputs)
+    return oracle.attention(args["q"], args["k"], args["v"], args.get("mask"), args.get("is_causal", False),
+                            args.get("scale"), **oracle.variant_options(args)).lse()
+
+
+def within_printed_lse(fx: Fixture, lse: np.ndarray) -> np.ndarray:
+    """Row by row: ``lse`` reproduces the fixture's printed expected_lse within its atol (the same infinity counts)."""
+    with np.errstate(invalid="ignore"):
+        return (np.isinf(lse) & (lse == fx.expected_lse)) | (np.abs(lse - fx.expected_lse) <= fx.atol)
 
 
 def oracle_disagreement(fx: Fixture, got: np.ndarray | None = None) -> str | None:
@@ -359,6 +376,7 @@ def _load_entry(path: Path, document: dict, item: dict, known_clauses: dict[str,
         inputs=inputs,
         expected=materialise(item["expected"], path, entry, "expected") if "expected" in item else None,
         expected_shape=tuple(item["expected_shape"]) if "expected_shape" in item else None,
+        expected_lse=materialise(item["expected_lse"], path, entry, "expected_lse") if "expected_lse" in item else None,
         shapes={k: tuple(v) for k, v in item.get("shapes", {}).items()},
         atol=float(tolerance.get("atol", 0.0)),
         rtol=float(tolerance.get("rtol", 0.0)),
@@ -377,6 +395,13 @@ def _load_entry(path: Path, document: dict, item: dict, known_clauses: dict[str,
     problem = oracle_disagreement(fx, reference)
     if problem:
         raise SpecError(path, entry, "expected", problem)
+    if fx.expected_lse is not None:
+        if fx.op != "sdpa" or not fx.inputs.get("return_lse"):
+            raise SpecError(path, entry, "expected_lse", "printed lse values need op sdpa and inputs.return_lse: true")
+        lse = oracle_lse(fx)
+        if lse.shape != fx.expected_lse.shape or not within_printed_lse(fx, lse).all():
+            raise SpecError(path, entry, "expected_lse", f"the oracle's lse {np.round(lse, 10).tolist()} does not "
+                                                         f"reproduce the printed values within atol {fx.atol:g}")
     return fx
 
 

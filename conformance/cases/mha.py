@@ -130,15 +130,18 @@ MHA_VARIANTS = VARIANTS + SINK_FEATURES
 
 @st.composite
 def mha_variant_cases(draw, *, variants=MHA_VARIANTS, required=None, clauses=("mha.variants",),
-                      mask_kinds=("none", "key-padding", "float"), causal=st.booleans(), min_heads: int = 1) -> Case:
+                      mask_kinds=("none", "key-padding", "float"), causal=st.booleans(), min_heads: int = 1,
+                      all_of: bool = False) -> Case:
     """A multi_head_attention case using some of ``variants`` (names of VARIANTS and SINK_FEATURES): each the
     implementation runs (its multi_head_attention signature and its region) drawn with probability 1/2, at least one
-    of ``required`` (default: of ``variants``). Rows may be left without keys, as in variant_cases."""
+    of ``required`` (default: of ``variants``), or every one with ``all_of``. Rows may be left without keys, as in
+    variant_cases."""
     runnable = [name for name in variants if runs_variant(name)]
     needed = [name for name in runnable if required is None or name in required]
     if not needed:
         outside_region(f"multi_head_attention takes none of the variant keywords {', '.join(required or variants)}")
-    chosen = [name for name in runnable if draw(st.booleans(), label=f"uses {name}")]
+    # all_of: every one of them (a pairwise corner, conformance/cases/pairwise.py)
+    chosen = runnable if all_of else [name for name in runnable if draw(st.booleans(), label=f"uses {name}")]
     if not set(chosen) & set(needed):
         chosen.append(draw(st.sampled_from(needed), label="the variant"))
     case = draw(mha_cases(clauses=clauses, mask_kinds=mask_kinds, causal=causal, min_heads=min_heads,

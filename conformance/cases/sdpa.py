@@ -153,7 +153,8 @@ def sdpa_cases(
     chosen_scale = hint("scale") if hinted("scale") and admits(scale, hint("scale")) else draw(scale, label="scale")
     if outermost:  # the facts are known before any value is drawn: a refused draw costs no arrays
         keep_inside(draw, {"op": "sdpa", "B": b, "Hq": hq, "Hkv": hkv, "Lq": lq, "Lk": lk, "Dk": dk, "Dv": dv,
-                            "is_causal": bool(is_causal), "scale": chosen_scale, "variants": (),
+                            "is_causal": bool(is_causal), "scale": chosen_scale, "variants": (), "variant_values": {},
+                            "query_offset_is_bottom_right": lq == lk,
                             "mask_kind": "bool" if bottom_right_mask else mask_class(kind)})
     seed = draw(st.integers(0, 2**32 - 1), label="values seed")
     rng = np.random.default_rng(seed)

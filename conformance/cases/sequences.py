@@ -11,6 +11,7 @@ from attention_conformance.conformance.cases.covering import admits, hint, hinte
 from attention_conformance.conformance.cases.drawing import (
     ACTIVE,
     active_region,
+    causal_only_case,
     equal_lengths,
     keep_inside,
     outside_region,
@@ -114,7 +115,10 @@ def _sequence_dims(draw, region: Region) -> tuple[int, int]:
 def _sequence_options(draw, causal, scale) -> tuple[bool, float | None]:
     region = active_region()
     wanted = hint("is_causal")
-    is_causal = wanted if wanted is not None and admits(causal, wanted) else draw(causal, label="is_causal")
+    if region.causal_only:
+        is_causal = causal_only_case(draw, causal)
+    else:
+        is_causal = wanted if wanted is not None and admits(causal, wanted) else draw(causal, label="is_causal")
     if is_causal and not region.causal:
         outside_region("is_causal=True (declared causal: False)")
     scale = scales_inside(scale, region)
@@ -179,7 +183,7 @@ def _sequence_shapes_inside(draw, op: str, sigmas, variants, **facts):
     """Filter a packed or paged draw the region refuses on its shape facts before any value is drawn; then the score
     magnitude and the values' seed: (magnitude name, seed, generator)."""
     keep_inside(draw, {"op": op, "mask_kind": "none", "variants": tuple(n for n in variants if variant_allowed(n)),
-                        **facts})
+                        "variant_values": {}, **facts})  # the values are drawn later
     magnitudes = st.sampled_from(sigmas)
     sigma_name = hint("magnitude") if admits(magnitudes, hint("magnitude")) else draw(magnitudes,
                                                                                       label="score magnitude")

@@ -61,3 +61,29 @@ SOFTMAX_CORNER_ROWS = 4
 
 
 SOFTMAX_EDGE_LENGTHS = tuple(sorted({w + d for w in (8, 16, 32, 64, 128, 256, 1024, 2048, 4096) for d in (-1, 0, 1)}))
+
+
+# Every axis of every rank up to SOFTMAX_AXIS_RANKS (conformance/cases/pairwise.py: softmax's axis against its rank),
+# on shapes whose sizes all differ, so that an axis moved back by the wrong permutation changes which slices are
+# normalised (a softmax whose inverse permutation was wrong only for a leading axis of a 3-d input passed 2 of 4 runs).
+SOFTMAX_AXIS_RANKS = 4
+SOFTMAX_AXIS_SIZES = (3, 4, 5, 2)
+
+
+def softmax_axis_pairs() -> list[tuple[int, int]]:
+    """(rank, axis) for every rank 1..SOFTMAX_AXIS_RANKS and every axis of it, negative and non-negative."""
+    return [(rank, axis) for rank in range(1, SOFTMAX_AXIS_RANKS + 1) for axis in range(-rank, rank)]
+
+
+@st.composite
+def softmax_axis_cases(draw, *, clauses=("softmax.last-axis",)) -> Case:
+    """A softmax case of the covering corner's (rank, axis) (``hint("rank")``, ``hint("axis")``), else drawn: sizes
+    that all differ, the axis passed whatever its value."""
+    rank = hint("rank") or draw(st.integers(1, SOFTMAX_AXIS_RANKS), label="ndim")
+    axis = hint("axis") if hint("axis") is not None else draw(st.integers(-rank, rank - 1), label="axis")
+    turn = draw(st.integers(0, rank - 1), label="sizes rotated")
+    sizes = SOFTMAX_AXIS_SIZES[:rank]
+    shape = tuple(sizes[(i + turn) % rank] for i in range(rank))
+    seed = draw(st.integers(0, 2**32 - 1), label="values seed")
+    x = np.random.default_rng(seed).standard_normal(shape) * 2.0
+    return Case("softmax", {"x": x, "axis": axis}, tuple(clauses), f"shape{shape} axis={axis} seed={seed}")

@@ -177,7 +177,7 @@ def _sink_token_lengths(length: int):
 
 
 def draw_sink_chunk_leftpad(draw, inputs: dict, features) -> list[str]:
-    """The issue-25 keywords of ``features`` (SINK_FEATURES) drawn at their edges for the sdpa-shaped ``inputs``
+    """The sink, chunk and left-padding keywords of ``features`` (SINK_FEATURES) drawn at their edges for the sdpa-shaped ``inputs``
     (q, k and the older keywords already drawn; put in them, in this order); their labels. The learnable sink comes
     last: it is placed against the scores every other keyword leaves."""
     q, k = inputs["q"], inputs["k"]
@@ -216,7 +216,7 @@ def draw_sink_chunk_leftpad(draw, inputs: dict, features) -> list[str]:
 def sink_chunk_leftpad_cases(draw, *, features=SINK_FEATURES, variants=(), optional=(),
                              clauses=("sdpa.learnable-sink",), mask_kinds=("none",), causal=st.booleans(),
                              **base) -> Case:
-    """An sdpa case using the issue-25 keywords named in ``features`` (each always used; SINK_FEATURES) on a case
+    """An sdpa case using the sink, chunk and left-padding keywords named in ``features`` (each always used; SINK_FEATURES) on a case
     of variant_cases with the older variant keywords ``variants`` and ``optional`` (VARIANTS; as variant_cases
     takes them). With sink_token_length, a window whose left edge is unbounded gets a bounded one (the sink tokens'
     only effect). ``base``: further keywords of variant_cases / sdpa_cases."""

@@ -8,6 +8,8 @@ import pytest
 
 from attention_conformance.conformance.cases.case import Case
 from attention_conformance.conformance.judging.gradient_verdicts import GradientJudge
+from attention_conformance.conformance.judging.lse_verdicts import LseJudge
+from attention_conformance.conformance.judging.merge_verdicts import MergeJudge
 from attention_conformance.conformance.judging.verdict import Judge
 from attention_conformance.implementations.arrays import ARRAY_KINDS, differentiable_kinds
 from attention_conformance.implementations.contract import VARIANT_DEFAULTS, missing_keywords_message
@@ -36,6 +38,16 @@ def judge_for(impl, device, dtype):
 
 def check(impl, device, dtype, case: Case):
     return judge_for(impl, device, dtype).check(case)
+
+
+def lse_judge_for(impl, device, dtype) -> LseJudge:
+    require_device(impl, device)
+    return LseJudge(impl, dtype, device)
+
+
+def merge_judge_for(impl, device, dtype) -> MergeJudge:
+    require_device(impl, device)
+    return MergeJudge(impl, dtype, device)
 
 
 # ---------------------------------------------------------------- metamorphic

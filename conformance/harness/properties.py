@@ -36,6 +36,7 @@ from hypothesis.errors import HypothesisException, Unsatisfiable
 
 from attention_conformance.conformance.cases import covering, support
 from attention_conformance.conformance.cases.drawing import DerivedCase, drawing_inside, small_shapes_inside
+from attention_conformance.conformance.cases.pairwise import pairwise_hints
 from attention_conformance.conformance.judging.evidence import remember_call
 from attention_conformance.conformance.judging.records import RECORDS
 from attention_conformance.implementations.region import EVERYTHING
@@ -119,12 +120,15 @@ def applicability(requires=None, derives: tuple[DerivedCase, ...] = ()):
 
 
 def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requires=None, covering_set: str = "full",
-                  derives: tuple[DerivedCase, ...] = (), op: str = "sdpa", kernel_corners: bool | str = False):
+                  derives: tuple[DerivedCase, ...] = (), op: str = "sdpa", kernel_corners: bool | str = False,
+                  pairs_of: str | None = None):
     """Outermost decorator of every property (the module docstring says what it runs).
 
     ``covering_set``: "full" (every corner, and the floor) for the properties of a forward operation;
     "brief" (BRIEF_CORNERS, no floor) for gradients, dropout, variants and MHA, whose cases cost a
-    backward pass, a compile per variant structure or an MHA pipeline (module docstring, budget).
+    backward pass, a compile per variant structure or an MHA pipeline (module docstring, budget);
+    "pairwise" (no floor): the corners of conformance/cases/pairwise.py, where every two features of ``pairs_of``
+    (default ``op``; "gradients": sdpa's backward) meet.
 
     A property whose every case was unsupported is skipped, not failed. ``requires(impl)`` may
     return why the property does not apply to an implementation: it becomes the test's
@@ -142,9 +146,10 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
     """
     if test is None:
         return functools.partial(property_test, min_jit_examples=min_jit_examples, requires=requires,
-                                 covering_set=covering_set, derives=derives, op=op, kernel_corners=kernel_corners)
-    if covering_set not in ("full", "brief"):
-        raise ValueError(f"covering_set={covering_set!r}: 'full' or 'brief'")
+                                 covering_set=covering_set, derives=derives, op=op, kernel_corners=kernel_corners,
+                                 pairs_of=pairs_of)
+    if covering_set not in ("full", "brief", "pairwise"):
+        raise ValueError(f"covering_set={covering_set!r}: 'full', 'brief' or 'pairwise'")
 
     @functools.wraps(test)
     def run(*args, **kwargs):
@@ -153,12 +158,15 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
         # Hypothesis keeps the profile chosen at decoration on the test; a budget of its own for this call only.
         base = test._hypothesis_internal_use_settings
         support.reset_support_counts()
-        depth = "brief" if _BRIEF_EVERYWHERE.get() else covering_set
+        depth = "brief" if _BRIEF_EVERYWHERE.get() and covering_set != "pairwise" else covering_set
         drawing = {"dtype": kwargs["dtype"], "device": kwargs["device"]} if "dtype" in kwargs else {}
         keywords = impl.accepted_keywords(op) if impl is not None and impl.implements(op) else None
         try:
             with drawing_inside(region, drawing, derives, keywords) as drawn:
-                corners = covering_corners(impl, region, depth, kernel_corners)
+                if depth == "pairwise":
+                    corners = pairwise_hints(region, keywords, small_shapes_inside(region), pairs_of or op)
+                else:
+                    corners = covering_corners(impl, region, depth, kernel_corners)
                 floor = (FLOOR_PER_PROPERTY if impl is None or impl.compiled else NARROW_FLOOR_PER_PROPERTY) \
                     if depth == "full" else 0
                 replay = floor if impl is not None and impl.compiled else 0

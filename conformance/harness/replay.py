@@ -19,13 +19,14 @@ import numpy as np
 
 from attention_conformance.conformance.cases.fixtures import fixtures
 from attention_conformance.conformance.judging.evidence import (
-    FORMAT,
     MAX_INLINE_ELEMENTS,
+    READABLE_FORMATS,
     ReproError,
     resolve,
+    stored_array,
     unoption,
 )
-from attention_conformance.conformance.judging.fixtures import judge_fixture
+from attention_conformance.conformance.judging.fixtures import fixture_judge, judge_fixture
 from attention_conformance.conformance.judging.verdict import Judge
 
 
@@ -44,14 +45,15 @@ class Saved:
         return self.meta["id"]
 
 
-def _rebuild_case(entry: dict, prefix: str, data):
+def _rebuild_case(entry: dict, prefix: str, read):
+    """The Case of a saved case ``entry``; ``read(entry, prefix, name)`` gives one of its arrays."""
     import ml_dtypes  # noqa: F401 -- registers bfloat16 with numpy for the casts below
 
     from attention_conformance.conformance.cases.case import Case
 
     inputs: dict[str, Any] = {}
     for full in entry["arrays"]:
-        array = data[f"{prefix}/{full}"]
+        array = read(entry, prefix, full)
         if full in entry["cast"]:
             array = array.astype(entry["cast"][full])
         name, _, key = full.partition(".")
@@ -75,15 +77,20 @@ def load(path: Path) -> Saved:
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
-            if meta.get("format") != FORMAT:
-                raise ReproError(f"{path}: repro format {meta.get('format')!r}, this suite reads {FORMAT}")
-            case = _rebuild_case(meta["case"], "case", data)
+            if meta.get("format") not in READABLE_FORMATS:
+                raise ReproError(f"{path}: repro format {meta.get('format')!r}, this suite reads "
+                                 f"{' and '.join(map(str, READABLE_FORMATS))}")
+
+            def read(entry, prefix, full):
+                return stored_array(path, data, meta, entry, prefix, full)
+
+            case = _rebuild_case(meta["case"], "case", read)
             kwargs = None
             if meta.get("call"):
                 kwargs = {}
                 for name, value in meta["call"]["kwargs"].items():
                     if isinstance(value, dict) and "case" in value:
-                        kwargs[name] = _rebuild_case(value["case"], f"arg/{name}", data)
+                        kwargs[name] = _rebuild_case(value["case"], f"arg/{name}", read)
                     elif isinstance(value, dict) and value.get("implementation"):
                         kwargs[name] = None  # the implementation is loaded by the replay
                     else:
@@ -111,8 +118,6 @@ def replay(saved: Saved, impl) -> None:
         kwargs = {name: (impl if value is None and name == "impl" else value) for name, value in saved.kwargs.items()}
         _inner_test(meta["call"]["test"])(**kwargs)
         return
-    from attention_conformance.conformance.judging.verdict import Judge
-
     try:
         judge_class = resolve(meta["judge"])
     except (ImportError, AttributeError):
@@ -126,7 +131,6 @@ def replay(saved: Saved, impl) -> None:
 
 def python_script(saved: Saved, impl_spec: str | None = None) -> str:
     """A standalone script: the failed case's call, the oracle and the error (the judge's repro snippet)."""
-    from attention_conformance.conformance.judging.verdict import Judge
     from attention_conformance.implementations.registry import load_implementation
 
     meta = saved.meta
@@ -201,5 +205,5 @@ def run_fixture_repro(impl_spec: str, fixture_id: str, dtype: str, device: str) 
     from attention_conformance.implementations.registry import load_implementation
 
     fx = {f.id: f for f in fixtures()}[fixture_id]
-    judge_fixture(Judge(load_implementation(impl_spec), dtype, device), fx)
+    judge_fixture(fixture_judge(fx, load_implementation(impl_spec), dtype, device), fx)
     print(f"{fixture_id}: passed on {impl_spec} {device}/{dtype}")

@@ -209,8 +209,39 @@ class Attribution:
             return None  # the feature the case was drawn for is at fault: the failure stays with it
         for clause, how, variant in self._variants(case):
             if _scores_matter(variant) and self._passes(variant):
-                return clause, how
+                return clause, how + self._pair_words(case, clause)
         return None
+
+    def _keyword_probes(self, case: Case):
+        """(clause, how, case) of _variants that take out one variant keyword."""
+        return ((clause, how, variant) for clause, how, variant in self._variants(case)
+                if how.startswith("without ") and how[len("without "):] in VARIANT_DEFAULTS)
+
+    def _pair_words(self, case: Case, clause: str) -> str:
+        """When the case also passes without another variant keyword than ``clause``'s: the words naming the pair
+        (a fault only the two features produce together, sdpa.feature-pairs), else ""."""
+        if clause not in VARIANT_CLAUSE_KEYWORDS:
+            return ""
+        for other, how, variant in self._keyword_probes(case):
+            if other != clause and _scores_matter(variant) and self._passes(variant):
+                return f", and {how} too: the fault is where the two meet ({clause} with {other})"
+        return ""
+
+    def pair_partner(self, case: Case) -> str:
+        """For a failure that stays with the clause the case was drawn for (its own probe passes): the words naming
+        a second feature whose removal alone makes the case pass too (the pair's fault), else ""."""
+        own = case.clauses[0]
+        if case.op not in ("sdpa", "multi_head_attention") or own not in VARIANT_CLAUSE_KEYWORDS \
+                or _size(case.inputs) > self.DIAGNOSIS_MAX_ELEMENTS or getattr(self.impl, "hung_on", None):
+            return ""
+        probe = self._own_probe(case)
+        if probe is None or not self._passes(probe):
+            return ""
+        for other, how, variant in self._keyword_probes(case):
+            if other != own and _scores_matter(variant) and self._passes(variant):
+                return (f"; the case passes without the feature of {own} and {how} too: the fault is where the two "
+                        f"meet ({own} with {other})")
+        return ""
 
     def _layout_fault(self, case: Case) -> tuple[str, str] | None:
         """sdpa (and sdpa_paged, whose q and output follow LAYOUT): (contract.layout, how) when the case passes with

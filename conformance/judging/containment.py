@@ -33,7 +33,7 @@ from attention_conformance.implementations.registry import Implementation
 
 # The clause a wrong output shape breaks, by operation (sdpa.output-shape for sdpa).
 SHAPE_CLAUSES = {"multi_head_attention": "mha.shapes", "sdpa_varlen": "varlen.output-shape",
-                 "sdpa_paged": "paged.output-shape"}
+                 "sdpa_paged": "paged.output-shape", "softmax": "softmax.output-shape"}
 
 
 # ------------------------------------------------------------ the call time limit

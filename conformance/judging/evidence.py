@@ -1,4 +1,4 @@
-"""Repro files: every failure's case saved as ``ID.npz``, for ``attention-conformance repro ID``
+"""Repro files: a failure's case saved as ``ID.npz``, for ``attention-conformance repro ID``
 (conformance/harness/replay.py) to replay.
 
 A verdict (Judge.fail) carries its ``Evidence``: the implementation, dtype and device, the case that failed (its
@@ -6,7 +6,9 @@ inputs as float64 masters, its options, clauses, label, mask kind and notes), th
 and, for a property test, the test function and the arguments it was called with (harness/properties.py adds them:
 the drawn case, and the other drawn values such as a shift or a permutation seed). At the end of a failed test, in
 the process that ran it (an xdist worker writes, its controller prints), the plugin saves each verdict's evidence
-(``save``), whatever the size of its arrays.
+(``save``), whatever the size of its arrays, within the bound of its directory (conformance/judging/repro_files.py:
+``--repro-max-files``, default 200 files, and ``--repro-max-bytes``, default 200 MB; earlier runs' files make room,
+oldest first; past that, a new repro is not kept, and ``save`` raises NotKept saying why).
 
 The ID is the first ID_LENGTH hex digits of a SHA-1 of the test id, implementation, device, dtype, clause and case
 label: short, stable between runs (the same failing case of the same test overwrites its file) and distinct
@@ -14,10 +16,14 @@ between tests and cases. Files go beside the JSON report (``--conformance-report
 emptied when a run starts), else under pytest's cache (``.pytest_cache/d/attention-conformance/repro/``), else
 (``-p no:cacheprovider``) under ``.attention-conformance/repro/`` in the rootdir.
 
-File format (numpy's .npz, loaded without pickle): ``meta`` holds a JSON string (FORMAT, what is above);
-``case/NAME`` the failed case's arrays (``case/params.w_q`` for a dict of arrays); ``arg/KEYWORD/NAME`` those of a
-Case the test was called with. Options (scale, is_causal, a window's tuple) are JSON, tuples and non-finite floats
-tagged.
+File format (numpy's compressed .npz, loaded without pickle): ``meta`` holds a JSON string (FORMAT, what is
+above). Each array is stored once, by its content (``repro_files.array_hash``): a case's entry in ``meta`` maps each
+input (``params.w_q`` for a dict of arrays) to its array's name; an array of up to SHARED_MIN_ELEMENTS elements lies
+in the file as ``array/NAME``, a larger one in the directory's ``arrays/NAME.npz``, shared by every repro file that
+holds it (``meta["shared"]`` lists them). The failed case and a Case the test was called with are mostly the same
+arrays, and a covering corner fails in several tests and dtypes of a run: stored once. Format 1 (every array inline
+as ``case/NAME`` and ``arg/KEYWORD/NAME``) is still read. Options (scale, is_causal, a window's tuple) are JSON,
+tuples and non-finite floats tagged.
 """
 from __future__ import annotations
 
@@ -28,13 +34,20 @@ import math
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-FORMAT = 1
+from attention_conformance.conformance.judging import repro_files
+from attention_conformance.conformance.judging.repro_files import DEFAULT_LIMITS, SHARED_MIN_ELEMENTS, Limits
+
+FORMAT = 2
+
+
+READABLE_FORMATS = (1, 2)
 
 
 ID_LENGTH = 10
@@ -55,7 +68,10 @@ REPRO_SUBDIRECTORY = "repro"
 DIRECTORY_KEY = "attention_conformance_repro"  # xdist workerinput: where the controller decided repros go
 
 
-MAX_INLINE_ELEMENTS = 4096  # --print-python inlines a case's arrays up to this many elements, else reads the .npz
+STARTED_KEY = "attention_conformance_repro_started"  # xdist workerinput: when the run started (time.time())
+
+
+MAX_INLINE_ELEMENTS = SHARED_MIN_ELEMENTS  # --print-python inlines a case's arrays up to this many elements
 
 
 SUITE_DIR = Path(__file__).resolve().parent.parent  # conformance/: the test modules
@@ -64,11 +80,17 @@ SUITE_DIR = Path(__file__).resolve().parent.parent  # conformance/: the test mod
 SUITE_PACKAGE = "attention_conformance.conformance"
 
 
-_STATE: dict = {"directory": None, "invocation": None, "config": None}
+# "started": when this run started (time.time()): repro files older than that are earlier runs', dropped first when
+# the directory is full; 0.0 outside a run (no file is known to be older).
+_STATE: dict = {"directory": None, "invocation": None, "config": None, "limits": DEFAULT_LIMITS, "started": 0.0}
 
 
 class ReproError(Exception):
     """A repro that cannot be found, read or replayed (the command prints it and exits 2)."""
+
+
+class NotKept(ReproError):
+    """A repro the directory's bound left out (the failure block says why instead of printing a command)."""
 
 
 # ------------------------------------------------------------------ what a verdict carries
@@ -150,10 +172,29 @@ def configure(config) -> None:
     """Where this process saves repros (every process of a run: xdist workers take their controller's). Decided
     on first use: pytest's cache (config.cache) is set up after the suite's own pytest_configure."""
     invocation = Path(str(config.invocation_params.dir))
-    _STATE.update(directory=None, invocation=invocation, config=config)
+    worker = getattr(config, "workerinput", None)
+    started = worker.get(STARTED_KEY) if worker is not None else None
+    _STATE.update(directory=None, invocation=invocation, config=config, limits=limits(config),
+                  started=float(started) if started is not None else time.time())
     report = config.getoption("conformance_report", None)
-    if report and getattr(config, "workerinput", None) is None:
-        _empty(report_directory(invocation / report))  # a report's repros are those of its run
+    if report and worker is None:
+        repro_files.empty(report_directory(invocation / report))  # a report's repros are those of its run
+
+
+def limits(config) -> Limits:
+    """--repro-max-files and --repro-max-bytes (DEFAULT_LIMITS where the options are not registered)."""
+    files = config.getoption("repro_max_files", None)
+    size = config.getoption("repro_max_bytes", None)
+    return Limits(DEFAULT_LIMITS.files if files is None else int(files),
+                  DEFAULT_LIMITS.bytes if size is None else repro_files.parse_size(size))
+
+
+def prune() -> None:
+    """At the start of a run, in the controller (or the only process): this run's repro directory within its bound,
+    earlier runs' files dropped oldest first (repro_files.prune)."""
+    where = directory()
+    if where is not None:
+        repro_files.prune(where, _STATE["limits"], _STATE["started"])
 
 
 def directory() -> Path | None:
@@ -177,7 +218,7 @@ def directory() -> Path | None:
 
 def forget() -> None:
     """At the end of a run: the next run in this process (pytest.main) decides its directory again."""
-    _STATE.update(directory=None, invocation=None, config=None)
+    _STATE.update(directory=None, invocation=None, config=None, limits=DEFAULT_LIMITS, started=0.0)
 
 
 def node_input(node) -> None:
@@ -185,13 +226,7 @@ def node_input(node) -> None:
     where = directory()
     if where is not None:
         node.workerinput[DIRECTORY_KEY] = str(where)
-
-
-def _empty(path: Path) -> None:
-    if path.is_dir():
-        for old in path.glob("*.npz"):
-            if ID_PATTERN.match(old.stem):
-                old.unlink(missing_ok=True)
+    node.workerinput[STARTED_KEY] = _STATE["started"]
 
 
 def command(repro: str) -> str:
@@ -279,9 +314,9 @@ def _storable(array: np.ndarray) -> tuple[np.ndarray, str | None]:
     return array.astype(np.float64), str(array.dtype)  # bfloat16 and other ml_dtypes: exact in float64
 
 
-def _case_entry(case, prefix: str, arrays: dict) -> dict:
-    """The case's description for ``meta``; its arrays go into ``arrays`` under ``prefix``."""
-    options, names, cast = {}, [], {}
+def _case_entry(case, arrays: dict) -> dict:
+    """The case's description for ``meta``; its arrays go into ``arrays`` under their content's name."""
+    options, names, cast, stored = {}, [], {}, {}
     for name, value in case.inputs.items():
         parts = value.items() if isinstance(value, dict) else [(None, value)]
         if isinstance(value, dict) or isinstance(value, np.ndarray):
@@ -289,7 +324,9 @@ def _case_entry(case, prefix: str, arrays: dict) -> dict:
                 full = name if key is None else f"{name}.{key}"
                 if not isinstance(item, np.ndarray):
                     raise _Unsaved(f"input {full} is a {type(item).__name__}, not an array")
-                arrays[f"{prefix}/{full}"], dtype = _storable(item)
+                array, dtype = _storable(item)
+                stored[full] = repro_files.array_hash(array)
+                arrays.setdefault(stored[full], array)
                 names.append(full)
                 if dtype:
                     cast[full] = dtype
@@ -297,7 +334,7 @@ def _case_entry(case, prefix: str, arrays: dict) -> dict:
             options[name] = _option(value)
     return {"op": case.op, "label": case.label, "clauses": list(case.clauses), "mask_kind": case.mask_kind,
             "notes": {key: _option(value) for key, value in case.notes.items()}, "options": options,
-            "arrays": names, "cast": cast}
+            "arrays": names, "cast": cast, "stored": stored}
 
 
 def _call_entry(call, arrays: dict) -> dict | None:
@@ -313,17 +350,19 @@ def _call_entry(call, arrays: dict) -> dict | None:
             if isinstance(value, Implementation):
                 entry["kwargs"][name] = {"implementation": True}
             elif isinstance(value, Case):
-                entry["kwargs"][name] = {"case": _case_entry(value, f"arg/{name}", staged)}
+                entry["kwargs"][name] = {"case": _case_entry(value, staged)}
             else:
                 entry["kwargs"][name] = _option(value)
     except _Unsaved:
         return None
-    arrays.update(staged)
+    for name, array in staged.items():
+        arrays.setdefault(name, array)
     return entry
 
 
 def save(evidence: Evidence, where: Path | None = None) -> Path:
-    """Write ``evidence`` as ``ID.npz`` (through a temporary file: a reader never sees half of one)."""
+    """Write ``evidence`` as ``ID.npz`` in ``where`` (this run's directory), within the directory's bound; raises
+    NotKept when the bound leaves it out."""
     where = directory() if where is None else where
     if where is None:
         raise ReproError("no repro directory: repro.configure has not run in this process")
@@ -333,12 +372,30 @@ def save(evidence: Evidence, where: Path | None = None) -> Path:
         "implementation": {"name": evidence.impl.name, "spec": evidence.impl.spec},
         "dtype": evidence.dtype, "device": evidence.device, "clause": evidence.clause,
         "problem": evidence.problem, "worst": evidence.worst, "judge": evidence.judge,
-        "case": _case_entry(evidence.case, "case", arrays),
+        "case": _case_entry(evidence.case, arrays),
         "call": _call_entry(evidence.call, arrays) if evidence.call else None,
     }
-    where.mkdir(parents=True, exist_ok=True)
-    target = where / f"{evidence.id}.npz"
-    partial = where / f".{evidence.id}.{os.getpid()}.partial.npz"
-    np.savez(partial, meta=np.array(json.dumps(meta)), **arrays)
-    os.replace(partial, target)
-    return target
+    shared = {name: array for name, array in arrays.items() if array.size > SHARED_MIN_ELEMENTS}
+    meta["shared"] = sorted(shared)
+    inline = {f"array/{name}": array for name, array in arrays.items() if name not in shared}
+    payload = repro_files.npz_bytes({"meta": np.array(json.dumps(meta)), **inline})
+    why = repro_files.store(where, evidence.id, payload, shared, _STATE["limits"], _STATE["started"])
+    if why:
+        raise NotKept(why)
+    return where / f"{evidence.id}.npz"
+
+
+# ------------------------------------------------------------------ reading
+def stored_array(path: Path, data, meta: dict, entry: dict, prefix: str, full: str) -> np.ndarray:
+    """Input ``full`` of a case ``entry`` of the repro file ``path`` (``data``: its open .npz; ``prefix``: where format
+    1 keeps the case's arrays, ``case`` or ``arg/KEYWORD``)."""
+    if meta.get("format") == 1:
+        return data[f"{prefix}/{full}"]
+    name = entry["stored"][full]
+    if f"array/{name}" in data.files:
+        return data[f"array/{name}"]
+    try:
+        return repro_files.read_shared(path.parent, name)
+    except FileNotFoundError:
+        raise ReproError(f"{path}: its array {name} is not in {path.parent / repro_files.SHARED_DIRECTORY} (a repro "
+                         f"file replays from its directory, or a copy of it with its arrays/)") from None

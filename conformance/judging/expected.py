@@ -19,13 +19,18 @@ from attention_conformance.implementations.contract import FULLY_MASKED_CAUSES, 
 
 # ------------------------------------------------------------ fully masked rows: cause and policy
 def fully_masked_causes(empty: np.ndarray, lq: int, lk: int, mask=None, is_causal: bool = False, *, window=None,
-                        query_offset=0, key_lengths=None, sink_token_length=0, **_values) -> np.ndarray:
+                        query_offset=0, key_lengths=None, sink_token_length=0, attention_chunk=None, key_leftpad=None,
+                        **_values) -> np.ndarray:
     """What emptied each fully masked row: (B, Hq, Lq) cause names of FULLY_MASKED_CAUSES, "" where ``empty`` is False.
 
-    A row is attributed to the first of key_lengths, window, causal, bool, float (in that order) that leaves it
-    without a key on its own. A row that no single cause empties, only several together (a boolean mask keeping
-    only keys the causal band removes, a float mask -inf on every key a window keeps, or a removal without a cause
-    of its own), is attributed to the case's mask kind: "float" when the case has a float mask, "bool" otherwise.
+    A row is attributed to the first of key_lengths, window, causal, attention_chunk, key_leftpad, bool, float (in
+    that order) that leaves it without a key: key_lengths, window, causal, bool and float each on its own (the
+    window and the band at the left padding's positions, padding keys kept); attention_chunk together with the band
+    and the window (FlashAttention's reference removes the three in one local mask); key_leftpad where no real key
+    is left by the key lengths, or by the band, the window and the chunk (a query before the first real key). A row that
+    none of these empties, only several together (a boolean mask keeping only keys the causal band removes, a float
+    mask -inf on every key a window keeps, a window past the key lengths), is attributed to the case's mask kind:
+    "float" when the case has a float mask, "bool" otherwise.
     ``empty`` is the (B, Hq, Lq) fully masked rows; the other arguments are the case's (widened) inputs.
     """
     full = empty.shape + (lk,)
@@ -37,15 +42,29 @@ def fully_masked_causes(empty: np.ndarray, lq: int, lk: int, mask=None, is_causa
     def keyless(allowed) -> np.ndarray:
         return ~np.broadcast_to(allowed, full).any(axis=-1)
 
+    offset = query_offset or 0
+    band = {"is_causal": True} if is_causal else {}
+    edges = {"window": window, "sink_token_length": sink_token_length} if window is not None else {}
+
+    def placed(padding_removed=False, **removals) -> np.ndarray:
+        """The keys ``removals`` leave at the left padding's positions (the padding keys kept unless removed)."""
+        return oracle.positions_allowed(lq, lk, query_offset=offset, key_leftpad=key_leftpad,
+                                        padding_removed=padding_removed, **removals)
+
     alone = {}
     if key_lengths is not None:
         alone["key_lengths"] = lambda: keyless(oracle.positions_allowed(lq, lk, key_lengths=key_lengths))
     if window is not None:
-        sinks = {"sink_token_length": sink_token_length} if sink_token_length else {}
-        alone["window"] = lambda: keyless(oracle.positions_allowed(lq, lk, window=window,
-                                                                   query_offset=query_offset or 0, **sinks))
+        alone["window"] = lambda: keyless(placed(**edges))
     if is_causal:
-        alone["causal"] = lambda: keyless(oracle.positions_allowed(lq, lk, True, query_offset=query_offset or 0))
+        alone["causal"] = lambda: keyless(placed(**band))
+    if attention_chunk is not None:
+        alone["attention_chunk"] = lambda: keyless(placed(attention_chunk=attention_chunk, **band, **edges))
+    if key_leftpad is not None:
+        chunk = {"attention_chunk": attention_chunk} if attention_chunk is not None else {}
+        alone["key_leftpad"] = lambda: (keyless(oracle.positions_allowed(lq, lk, key_lengths=key_lengths,
+                                                                         key_leftpad=key_leftpad))
+                                        | keyless(placed(True, **band, **edges, **chunk)))
     if mask is not None and case_kind == "bool":
         alone["bool"] = lambda: keyless(np.asarray(mask))
     elif mask is not None:
@@ -132,6 +151,21 @@ class Reference:
         a = self.inputs
         return tolerances.mha_allowed(a["query"], a["key"], a["value"], a["params"], a["num_heads"], a.get("mask"),
                                       a.get("is_causal", False), dtype, tf32=tf32, trace=self.trace)
+
+    def lse(self, sink: str = "included") -> np.ndarray:
+        """(B, Hq, Lq) each row's log-sum-exp, natural log (oracle.Attention.lse; ``sink``: the learnable sink's term
+        "included" or "excluded"); sdpa_varlen's in the judge's form (1, Hq, total_q)."""
+        if self.op in SEQUENCE_OPS:
+            return assemble(self.op, [np.zeros(shape[:3]) if att is None else att.lse(sink)
+                                      for att, shape in self.sequences])
+        return self.attention.lse(sink)
+
+    def lse_allowed(self, dtype: str, tf32: bool = False, sink: str = "included") -> np.ndarray:
+        """The tolerance model's allowed error of each row's lse, in log space (tolerances.lse_allowed)."""
+        if self.op in SEQUENCE_OPS:
+            return assemble(self.op, [np.zeros(shape[:3]) if att is None else
+                                      tolerances.lse_allowed(att, dtype, tf32, sink) for att, shape in self.sequences])
+        return tolerances.lse_allowed(self.attention, dtype, tf32, sink)
 
     def fully_masked_rows(self) -> np.ndarray:
         """(B, Hq, Lq) boolean, sdpa (sdpa_varlen, sdpa_paged: in the judge's form): the rows FULLY_MASKED_ROWS

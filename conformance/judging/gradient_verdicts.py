@@ -63,20 +63,21 @@ class GradientJudge(Judge):
         judge_gradients(self, case, case.rounded(self.dtype))
 
 
-def _gradients_or_verdict(judge: Judge, case: Case, inputs: dict) -> dict:
-    """The implementation's output and gradients; unsupported cases are rejected, failures named."""
+def gradients_or_verdict(judge: Judge, case: Case, inputs: dict, obtain=gradients) -> dict:
+    """The implementation's output and gradients (``obtain(impl, inputs, d_out, device)``: sdpa's by default);
+    unsupported cases are rejected, failures named."""
     __tracebackhide__ = True
     impl = judge.impl
-    judge.require_support(case, inputs, "sdpa")
+    judge.require_support(case, inputs, case.op)
     raised = None
     try:
-        return judge.limited(case, gradients, impl, inputs, inputs["d_out"], judge.device)
+        return judge.limited(case, obtain, impl, inputs, inputs["d_out"], judge.device)
     except ImplementationHung as exc:  # past the call time limit (conformance/judging/verdict.py)
         judge.hung(case, inputs, exc)
     except NotImplementedError as exc:
         judge.not_implemented(case, exc)
     except NotDifferentiable as exc:
-        raised = f"sdpa is not differentiable with {impl.array} autodiff: {exc}"
+        raised = f"{case.op} is not differentiable with {impl.array} autodiff: {exc}"
     except Exception as exc:  # contained: this case fails, the session goes on
         raised = f"computing the gradients raised {type(exc).__name__}: {exc}"
         # The forward alone first: a forward that raises or returns the wrong shape fails its own clause
@@ -98,7 +99,7 @@ def _expected(inputs: dict, judge: Judge):
             backward_allowed(*args, judge.dtype, tf32=judge.tf32, **variants))
 
 
-def _worst(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
+def worst_element(got: np.ndarray, want: np.ndarray, allowed: np.ndarray):
     """(error, error / allowed error, index of the worst element). A NaN or inf where the analytic backward is finite
     is the worst element whatever the allowance (no gradient check passes on one, even where the allowance itself
     came out NaN or inf)."""
@@ -120,7 +121,7 @@ def gradient_agrees(judge: Judge, case: Case, inputs: dict, name: str) -> bool:
     want, allowed = _expected(inputs, judge)
     if got.get(name) is None or got[name].shape != want[name].shape:
         return False
-    _, ratio, worst = _worst(got[name], want[name], allowed[name])
+    _, ratio, worst = worst_element(got[name], want[name], allowed[name])
     return bool(ratio[worst] <= 1.0)
 
 
@@ -156,42 +157,84 @@ def judge_gradients(judge: Judge, case: Case, inputs: dict, order=("dq", "dk", "
     for a gradient beyond its tolerance: by default (gqa_blame) dK / dV failures of a grouped-query case name
     grad.gqa-sum when the per-head gradients (kv heads repeated to Hq) agree with the oracle. dq of padding rows
     (i >= query_lengths[b]) is not judged: their output is unspecified. Rows without a key take dO = 0
-    (with_upstream_gradient), so their gradients are zero under "zeros" and "uniform"; a case with a row declared
-    "nan" has only its forward judged.
+    (with_upstream_gradient), so their gradients are zero under "zeros" and "uniform"; under a declared "nan" only
+    the gradients such a row can reach are left unjudged (nan_row_unjudged), every other one is judged.
     """
     __tracebackhide__ = True
-    got = _gradients_or_verdict(judge, case, inputs)
+    got = gradients_or_verdict(judge, case, inputs)
     judge.judge(case, got["out"], inputs, forward_clause)
-    if np.any(judge.declared_policy_rows(case, inputs) & (np.asarray(judge.policy(case, inputs)) == "nan")):
-        return  # a row declared NaN (FULLY_MASKED_ROWS): its NaN reaches dk and dv through dO = 0 as well
     want, allowed = _expected(inputs, judge)
-    if inputs.get("query_lengths") is not None and got.get("dq") is not None and got["dq"].shape == want["dq"].shape:
-        rows = np.broadcast_to(judge.judged_rows(case, inputs)[..., None], want["dq"].shape)
-        got["dq"] = np.where(rows, got["dq"], want["dq"])
+    unjudged = nan_row_unjudged(judge, case, inputs, want)
+    if inputs.get("query_lengths") is not None:
+        rows = ~np.broadcast_to(judge.judged_rows(case, inputs)[..., None], want["dq"].shape)
+        unjudged["dq"] = rows | unjudged.get("dq", False)
+    compare_gradients(judge, case, inputs, got, want, allowed, order, blame, GRAD_CLAUSE, unjudged)
+
+
+def nan_row_unjudged(judge: Judge, case: Case, inputs: dict, want: dict) -> dict[str, np.ndarray]:
+    """Of an sdpa case whose rows without a key are declared "nan" (FULLY_MASKED_ROWS), the gradient elements such a
+    row can reach, by name (True: not judged); {} without one. Its dO is 0, but its weights are NaN, and NaN * 0 is
+    NaN: dq of the row itself, dk and dv of every key of its kv head in its batch entry (P^T dO sums over the rows),
+    the float mask's elements it is summed into, and the sink logit of its head. Everything else is judged."""
+    rows = judge.declared_policy_rows(case, inputs) & (np.asarray(judge.policy(case, inputs)) == "nan")
+    if not np.any(rows):
+        return {}
+    b, hq, lq = want["dq"].shape[:3]
+    hkv = want["dk"].shape[1]
+    rows = np.broadcast_to(rows, (b, hq, lq))
+    heads = rows.any(axis=-1).reshape(b, hkv, hq // hkv).any(axis=-1)[..., None, None]  # (B, Hkv, 1, 1)
+    unjudged = {"dq": np.broadcast_to(rows[..., None], want["dq"].shape),
+                "dk": np.broadcast_to(heads, want["dk"].shape), "dv": np.broadcast_to(heads, want["dv"].shape)}
+    if "dmask" in want:
+        lk = want["dk"].shape[2]
+        reached = oracle_backward.reduce_to_shape(np.broadcast_to(rows[..., None], (b, hq, lq, lk)).astype(float),
+                                                  want["dmask"].shape)
+        unjudged["dmask"] = np.broadcast_to(reached > 0, want["dmask"].shape)
+    if "dsink" in want:
+        unjudged["dsink"] = rows.any(axis=(0, 2))
+    return unjudged
+
+
+def compare_gradients(judge: Judge, case: Case, inputs: dict, got: dict, want: dict, allowed: dict, order, blame,
+                      clauses: dict, unjudged: dict | None = None, input_of: dict | None = None,
+                      where=None, tolerance: str = "sdpa_backward") -> None:
+    """Each gradient of ``order`` (those ``want`` has) against the analytic one: missing, of the wrong shape, a NaN or
+    inf where the analytic one is finite, or beyond its allowance fails, under ``clauses[name]`` (``blame(judge,
+    case, inputs, name)`` gives the clause and a note of one beyond its allowance); else a pass is recorded under
+    it. ``unjudged[name]``: elements not judged (True). ``input_of[name]``: the input it is the gradient of (INPUT_OF
+    by default). ``where(name, index)``: words naming an element (its index by default). ``tolerance``: the section
+    of spec/tolerances.yaml the allowances come from, for the verdict's words."""
+    __tracebackhide__ = True
+    input_of = INPUT_OF if input_of is None else input_of
+    unjudged = {} if unjudged is None else unjudged
     for name in [n for n in order if n in want]:
-        clause = GRAD_CLAUSE[name]
+        clause = clauses[name]
         if got.get(name) is None:
-            judge.fail(clause, case, inputs, f"no gradient reached {INPUT_OF[name]} (its .grad / cotangent is None)")
+            judge.fail(clause, case, inputs, f"no gradient reached {input_of[name]} (its .grad / cotangent is None)")
         if got[name].shape != want[name].shape:
-            judge.fail(clause, case, inputs, f"d{INPUT_OF[name]} has shape {got[name].shape}, expected "
-                                             f"{want[name].shape} (the shape of {INPUT_OF[name]})")
-        error, ratio, worst = _worst(got[name], want[name], allowed[name])
+            judge.fail(clause, case, inputs, f"d{input_of[name]} has shape {got[name].shape}, expected "
+                                             f"{want[name].shape} (the shape of {input_of[name]})")
+        mine = got[name]
+        if name in unjudged:
+            mine = np.where(unjudged[name], want[name], mine)
+        error, ratio, worst = worst_element(mine, want[name], allowed[name])
         if ratio[worst] > 1.0:
             clause, note = blame(judge, case, inputs, name)
             index = tuple(int(i) for i in worst)
-            problem = f"{name} = dL/d{INPUT_OF[name]}: " + exceeds_allowed(
-                error[worst], allowed[name][worst], ratio[worst], f"{judge.dtype} sdpa_backward tolerance",
+            problem = f"{name} = dL/d{input_of[name]}: " + exceeds_allowed(
+                error[worst], allowed[name][worst], ratio[worst], f"{judge.dtype} {tolerance} tolerance",
                 float(error.max())) + note
-            non_finite = ~np.isfinite(got[name]) & np.isfinite(want[name])
+            non_finite = ~np.isfinite(mine) & np.isfinite(want[name])
             if non_finite.any():
                 index = tuple(int(i) for i in np.argwhere(non_finite)[0])
-                problem = (f"{name} = dL/d{INPUT_OF[name]}: {int(non_finite.sum())} non-finite element(s) where the "
+                problem = (f"{name} = dL/d{input_of[name]}: {int(non_finite.sum())} non-finite element(s) where the "
                            f"analytic backward is finite{note}")
             # The record carries the figures, so the report's plot shows the case above its line at 1.
             record = judge.new_record(case, clause, "failed", max_abs_error=float(error.max()),
                                       allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))
+            named = where(name, index) if where is not None else f"{name} index {index}"
             judge.fail(clause, case, inputs, problem,
-                       f"{name} index {index}: got {got[name][index]:.9g}, analytic backward {want[name][index]:.9g}",
+                       f"{named}: got {mine[index]:.9g}, analytic backward {want[name][index]:.9g}",
                        record=record)
         judge.record(case, clause, "passed", max_abs_error=float(error.max()),
                      allowed=float(allowed[name][worst]), ratio=float(ratio[worst]))

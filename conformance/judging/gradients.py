@@ -141,7 +141,7 @@ def _softcap_ds_magnitude(p, dp, abs_ds, ds_err, p_sink, attended) -> np.ndarray
 
 
 def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constants: dict[str, float] | None = None,
-                     tf32: bool = False, **variants) -> dict[str, np.ndarray]:
+                     tf32: bool = False, input_errors: dict | None = None, **variants) -> dict[str, np.ndarray]:
     """Allowed absolute error per element of dq, dk, dv (and dmask for a float mask, dsink for a learnable sink).
 
     ``constants`` overrides the spec's (already multiplied by the safety factor);
@@ -149,7 +149,10 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
     declared to run in TF32 (FLOAT32_MATMUL); the backward then uses TF32's unit
     roundoff throughout (spec/tolerances.yaml, tf32). ``variants``: the case's variant keywords
     (spec/tolerances.yaml, sdpa_backward, variants: softcap's and ALiBi's roundings join the score error,
-    softcap's derivative its own term, the learnable sink is one more column of the weights).
+    softcap's derivative its own term, the learnable sink is one more column of the weights). ``input_errors``: what
+    the implementation's own q, k, v and dO may be off by (absolute, broadcastable to q, k, v, d_out; "q", "k", "v",
+    "d_out", each optional): multi-head attention's projections (spec/tolerances.yaml, mha_backward). Without them the
+    allowance is the plain model's, bit for bit.
     """
     c = _constants() if constants is None else constants
     cv = _variant_constants(constants)
@@ -163,6 +166,11 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
     lq, lk, dk_, dv_ = q64.shape[-2], k_rep.shape[-2], q64.shape[-1], v_rep.shape[-1]
     abs_sc = abs(sc)
     attended = p > 0  # keys with a nonzero weight in exact arithmetic
+    given = {} if input_errors is None else {n: x for n, x in input_errors.items() if x is not None}
+    err_q = np.broadcast_to(given["q"], q64.shape) if "q" in given else None
+    err_k = oracle.repeat_kv_heads(np.broadcast_to(given["k"], np.shape(k)), hq) if "k" in given else None
+    err_v = oracle.repeat_kv_heads(np.broadcast_to(given["v"], np.shape(v)), hq) if "v" in given else None
+    err_do = np.broadcast_to(given["d_out"], d_o.shape) if "d_out" in given else None
 
     def t(x):
         return np.swapaxes(x, -1, -2)
@@ -193,7 +201,13 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
                                                                  variants.get("query_offset", 0)))
     score_err = c["c_score"] * (u * (math.sqrt(dk_) * abs_sc * (np.abs(q64) @ t(np.abs(k_rep))) + finite_bias + shift
                                      + extra) + underflow)
+    if err_q is not None or err_k is not None:  # the inputs' own errors move each score (first order)
+        score_err = score_err + abs_sc * ((0.0 if err_q is None else err_q @ t(np.abs(k_rep)))
+                                          + (0.0 if err_k is None else np.abs(q64) @ t(err_k)))
     a_abs = np.abs(d_o) @ t(np.abs(v_rep))                        # |dO| |V|^T >= |dP|
+    # ... and each dP_ij = dO_i . v_j
+    input_dp = (0.0 if err_do is None else err_do @ t(np.abs(v_rep))) + (0.0 if err_v is None else
+                                                                        np.abs(d_o) @ t(err_v))
     centred = np.abs(dp - a["row"])
     keys = lk
     if sink is not None:
@@ -214,6 +228,9 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
     weight_err = np.minimum(1.0, p * (np.expm1(d_capped + row_d) + rounding(keys)) + c["c_out"] * eta * attended)
     # 3. dP = dO V^T and the row term rowsum(dP * P) (= rowsum(dO * O))
     dp_err = c["c_acc"] * u * math.sqrt(dv_) * a_abs + c["c_out"] * eta
+    if sink is not None and not np.isscalar(input_dp):  # the sink's column has no value: no input error there
+        input_dp = np.concatenate([input_dp, np.zeros(p.shape[:-1] + (1,))], axis=-1)
+    dp_err = dp_err + input_dp
     row_err = np.sum(weight_err * a_abs + p * dp_err, axis=-1, keepdims=True) + \
         rounding(keys) * np.sum(p * a_abs, axis=-1, keepdims=True)
     # 4. dS = P * (dP - row)
@@ -251,6 +268,12 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
         "dv": oracle_backward.sum_kv_groups(t(weight_err) @ np.abs(d_o), hkv)
         + rounding(group * lq) * oracle_backward.sum_kv_groups(t(p) @ np.abs(d_o), hkv) + final,
     }
+    if err_k is not None:  # dQ = scale dT K and dK = scale dT^T Q with the other factor's own error
+        allowed["dq"] = allowed["dq"] + abs_sc * (abs_dt @ err_k)
+    if err_q is not None:
+        allowed["dk"] = allowed["dk"] + oracle_backward.sum_kv_groups(abs_sc * (t(abs_dt) @ err_q), hkv)
+    if err_do is not None:  # dV = P^T dO with dO's own error
+        allowed["dv"] = allowed["dv"] + oracle_backward.sum_kv_groups(t(p + weight_err) @ err_do, hkv)
     if oracle_backward.is_float_mask(mask):
         shape = np.shape(mask)
         summed = max(1, ds.size // max(1, int(np.prod(shape))))

@@ -49,8 +49,9 @@ def array_source(arrays_file: str | None, dtype: str):
 
 
 def own_dtype(name: str, value: np.ndarray, dtype: str) -> str:
-    # Lengths (int32), ALiBi slopes and sink logits (float32/float64) keep their own dtype (docs/contract.md).
-    own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink", *DESCALES)
+    # Lengths (int32), ALiBi slopes, sink logits and merged states' lse (float32/float64) keep their own dtype
+    # (docs/contract.md).
+    own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink", "lse", *DESCALES)
     return str(value.dtype) if own else dtype
 
 

@@ -450,6 +450,8 @@ class Judge(Containment, Attribution):
                 blame = (f"; the same case passes {surfaced[1]}: the fault is {surfaced[0]}'s, "
                          f"surfaced in a case drawn for {clause}")
                 failing_clause = surfaced[0]
+            elif explicit is None:
+                blame = self.pair_partner(case)
             record.clause = failing_clause
             self.fail(
                 failing_clause, case, inputs,

@@ -114,3 +114,96 @@ def sink_weight(scores: np.ndarray, sink: np.ndarray) -> np.ndarray:
     m = np.maximum(np.max(scores, axis=-1, keepdims=True), sink)
     own = np.exp(sink - m)
     return own / (own + np.sum(np.exp(scores - m), axis=-1, keepdims=True))
+
+
+# ------------------------------------------------------------------ packed batches (grad.varlen)
+def _heads_first(x: np.ndarray) -> np.ndarray:
+    """(L, H, D) -> (1, H, L, D)."""
+    return np.swapaxes(np.asarray(x), 0, 1)[None]
+
+
+def _tokens_first(x: np.ndarray) -> np.ndarray:
+    """(1, H, L, D) -> (L, H, D)."""
+    return np.swapaxes(np.asarray(x)[0], 0, 1)
+
+
+def varlen_backward(inputs: dict, d_out, alignment: str = "bottom-right", per_sequence=None) -> dict[str, np.ndarray]:
+    """Gradients of sdpa_varlen (oracle.sdpa_varlen, policy 'zeros') for the upstream gradient ``d_out`` (total_q,
+    Hq, Dv), sequence by sequence (grad.varlen): sequence b is its sdpa case of batch 1 (oracle.sequence_cases), so
+    its packed rows of dq are that case's dq and its used keys' rows of dk, dv that case's dk, dv; the keys past
+    seqused_k[b], and every key of a sequence without queries, take exactly 0; dsink (Hq,) sums the sequences'.
+
+    ``inputs`` by the contract's names (q (total_q, Hq, Dk), k, v (total_k, Hkv, D), cu_seqlens_q, ...).
+    ``per_sequence(one, d_out_b)``: what to compute for each sequence's sdpa case (one: oracle.sequence_cases' dict,
+    d_out_b (1, Hq, Lq_b, Dv)) instead of sdpa_backward, a dict of dq, dk, dv (and dsink) of its shapes: the tolerance
+    model (conformance/judging/gradients.py) assembles its allowances the same way."""
+    compute = per_sequence or (lambda one, d: sdpa_backward(one["q"], one["k"], one["v"], d, None, one["is_causal"],
+                                                            one["scale"], **sequence_variants(one)))
+    q, k, v = (_f64(inputs[n]) for n in ("q", "k", "v"))
+    d_out = _f64(d_out)
+    grads = {"dq": np.zeros_like(q), "dk": np.zeros_like(k), "dv": np.zeros_like(v)}
+    if inputs.get("learnable_sink") is not None:
+        grads["dsink"] = np.zeros(q.shape[1])
+    spans = oracle.varlen_spans(inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], inputs.get("seqused_k"))
+    for one, (qs, qe, ks, ke) in zip(oracle.sequence_cases("sdpa_varlen", inputs, alignment), spans):
+        if qe == qs or ke == ks:
+            continue  # no rows, or rows without a key (dO 0 there): no gradient flows
+        g = compute(one, _heads_first(d_out[qs:qe]))
+        grads["dq"][qs:qe] = _tokens_first(g["dq"])
+        grads["dk"][ks:ke] = _tokens_first(g["dk"])
+        grads["dv"][ks:ke] = _tokens_first(g["dv"])
+        if "dsink" in grads:
+            grads["dsink"] = grads["dsink"] + g["dsink"]
+    return grads
+
+
+def sequence_variants(one: dict) -> dict:
+    """The variant keywords of one sequence's sdpa case (oracle.sequence_cases)."""
+    return {n: x for n, x in one.items() if n not in ("q", "k", "v", "mask", "is_causal", "scale")}
+
+
+# ------------------------------------------------------------------ multi-head attention (grad.mha)
+def merge_heads(x: np.ndarray) -> np.ndarray:
+    """(B, H, L, D) -> (B, L, H * D): mha.head-merge."""
+    b, h, length, width = x.shape
+    return np.swapaxes(x, 1, 2).reshape(b, length, h * width)
+
+
+def split_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """(B, L, H * D) -> (B, H, L, D): mha.head-split."""
+    b, length, width = x.shape
+    return np.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
+
+
+def mha_backward(query, key, value, params, num_heads, d_out, mask=None, is_causal=False, trace=None,
+                 **variants) -> dict[str, np.ndarray]:
+    """Gradients of multi_head_attention (oracle.multi_head_attention, policy 'zeros') for the upstream gradient
+    ``d_out`` (B, Lq, E_out), by the chain rule through its pipeline (grad.mha): with Y = merged W_o + b_o,
+
+        dW_o = sum over b, i of merged^T dY,  db_o = sum dY,  d_merged = dY W_o^T, split into the heads' dO;
+        each head's sdpa backward (sdpa_backward, the variant keywords per head) gives dQ_h, dK_h, dV_h, merged
+        back into dQ (B, Lq, H * Dk) ...;  d_query = dQ W_q^T,  dW_q = sum query^T dQ,  db_q = sum dQ (k, v alike).
+
+    Returns "dquery", "dkey", "dvalue", "d" + each parameter's name ("dw_q", "db_q", ...) and "dsink" with a learnable
+    sink. The mask and every other keyword are constants. ``trace``: the oracle's trace of the case, where the caller
+    has it."""
+    if trace is None:
+        trace = {}
+        oracle.multi_head_attention(query, key, value, params, num_heads, mask, is_causal, trace=trace, **variants)
+    p = {name: _f64(x) for name, x in params.items()}
+    dy = _f64(d_out)
+    grads = {"dw_o": np.einsum("bld,ble->de", trace["merged"], dy)}
+    if "b_o" in p:
+        grads["db_o"] = dy.sum(axis=(0, 1))
+    heads = sdpa_backward(trace["q_heads"], trace["k_heads"], trace["v_heads"], split_heads(dy @ p["w_o"].T, num_heads),
+                          mask, is_causal, None, **variants)
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        n = name[0]
+        d_projected = merge_heads(heads["d" + n])  # (B, L, H * D)
+        grads["d" + name] = d_projected @ p["w_" + n].T
+        grads["dw_" + n] = np.einsum("ble,bld->ed", _f64(x), d_projected)
+        if "b_" + n in p:
+            grads["db_" + n] = d_projected.sum(axis=(0, 1))
+    if "dsink" in heads:
+        grads["dsink"] = heads["dsink"]
+    return grads

@@ -36,7 +36,7 @@ def causal_allowed(lq: int, lk: int, *, bottom_right: bool = False) -> np.ndarra
 
 def positions_allowed(lq: int, lk: int, is_causal: bool = False, window=None, query_offset: int = 0,
                       key_lengths=None, *, sink_token_length: int = 0, attention_chunk=None,
-                      key_leftpad=None, xp=np):
+                      key_leftpad=None, padding_removed: bool = True, xp=np):
     """(B or 1, 1, lq, lk) boolean: the keys the causal band, the window, the chunk, the key lengths and the left
     padding leave to each query.
 
@@ -50,7 +50,9 @@ def positions_allowed(lq: int, lk: int, is_causal: bool = False, window=None, qu
     sink_token_length real keys, 0 <= j - P < n, escape the window's left edge only (sdpa.sink-tokens).
 
     ``xp``: the array namespace, NumPy here; jax.numpy for jax_numpy's traced calls, whose key lengths and left
-    pads may be tracers (JaxNumpy._attended_keys): the rule is written once.
+    pads may be tracers (JaxNumpy._attended_keys): the rule is written once. ``padding_removed``: False keeps the
+    padding keys j < P while still counting positions from the first real key (what the band, the window and the
+    chunk alone leave, judging.expected.fully_masked_causes).
     """
     pad = 0 if key_leftpad is None else xp.asarray(key_leftpad).astype(xp.int32).reshape(-1, 1, 1, 1)
     position = int(query_offset) + xp.arange(lq)[:, None] - pad  # (lq, 1) or (B, 1, lq, 1)
@@ -68,7 +70,7 @@ def positions_allowed(lq: int, lk: int, is_causal: bool = False, window=None, qu
     if attention_chunk is not None:
         chunk = int(attention_chunk)
         allowed = allowed & (xp.floor_divide(key, chunk) == xp.floor_divide(position, chunk))
-    if key_leftpad is not None:
+    if key_leftpad is not None and padding_removed:
         allowed = allowed & (key >= 0)
     allowed = allowed if allowed.ndim == 4 else allowed[None, None]
     if key_lengths is not None:
@@ -176,6 +178,23 @@ class Attention:
         elif policy == "uniform":
             out = np.where(empty, np.mean(self.v, axis=-2, keepdims=True), out)
         return out
+
+    def lse(self, sink: str = "included") -> np.ndarray:
+        """(B, Hq, Lq): the log-sum-exp of each row (lse.definition), the natural log of the softmax's denominator
+        over the attended keys' scores (after scale, softcap, ALiBi and the masks): m + log sum_j exp(s_ij - m), m the
+        row's largest score. With a learnable sink its term exp(sigma_h) is in the denominator (``sink``
+        "included": the lse of the weights actually used, o_i = sum_j exp(s_ij - lse_i) v_j) or left out
+        ("excluded"). A row without keys: -inf, or sigma_h with the sink included."""
+        s = self.scores
+        top = np.max(s, axis=-1, keepdims=True)
+        if self.sink is not None and sink == "included":
+            top = np.maximum(top, self.sink)
+        shift = np.where(np.isneginf(top), 0.0, top)
+        total = np.sum(np.exp(s - shift), axis=-1, keepdims=True)
+        if self.sink is not None and sink == "included":
+            total = total + np.exp(self.sink - shift)
+        with np.errstate(divide="ignore"):  # log 0 = -inf: a row without keys (and no sink in its denominator)
+            return (shift + np.log(total))[..., 0]
 
 
 def _score_parts(q, k, mask, is_causal, scale, *, softcap=None, alibi_slopes=None, query_offset=0, **keys):

@@ -211,24 +211,33 @@ def _sink_shift(scores_: np.ndarray, sink: np.ndarray) -> tuple[np.ndarray, np.n
     return m, np.where(np.isfinite(top), m - top, 0.0)
 
 
+def _first_order_score_errors(att: oracle.Attention, u: float, dq=None, dk=None, u_in: float = 0.0):
+    """What each score of the first-order model may be off by (spec/tolerances.yaml, sdpa): u (sqrt(Dk) |scale|
+    |q_i|.|k_j| + |bias_ij|), the score-changing variants' roundings, the matmul inputs' rounding u_in (TF32) and
+    the inputs' own errors dq, dk (multi-head attention's projections). (B, Hq, Lq, Lk)."""
+    q, k = att.q, att.k
+    dk = _per_query_head(att, dk)
+    abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(att.scale)
+    finite_bias = np.where(np.isfinite(att.bias), np.abs(att.bias), 0.0)
+    score_error = u * (math.sqrt(q.shape[-1]) * abs_scores + finite_bias) + tf32_input_constant() * 2 * u_in * abs_scores
+    score_error = score_error + _variant_score_error(att, u)
+    if dq is not None:
+        score_error = score_error + abs(att.scale) * (
+            dq @ np.swapaxes(np.abs(k), -1, -2) + np.abs(q) @ np.swapaxes(dk, -1, -2)
+        )
+    return score_error
+
+
 def _sdpa_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_in: float = 0.0):
     """Allowed error per output element of sdpa, given optional absolute input errors dq, dk, dv.
 
     ``u_in`` is the relative rounding of each matmul input (multi-head attention declared TF32: 2^-11, else 0); it
     adds 2 u_in |scale| |q_i|.|k_j| to each score error and 2 u_in V_i to each output row (P and v rounded before
     P @ V), times c_in (spec/tolerances.yaml, tf32)."""
-    q, k, v, weights = att.q, att.k, att.v, att.weights
-    dk, dv = _per_query_head(att, dk), _per_query_head(att, dv)
-    dk_, lk = q.shape[-1], k.shape[-2]
-    abs_scores = np.abs(q) @ np.swapaxes(np.abs(k), -1, -2) * abs(att.scale)
-    finite_bias = np.where(np.isfinite(att.bias), np.abs(att.bias), 0.0)
+    v, weights, lk = att.v, att.weights, att.k.shape[-2]
+    dv = _per_query_head(att, dv)
     c_in = tf32_input_constant()
-    score_error = u * (math.sqrt(dk_) * abs_scores + finite_bias) + c_in * 2 * u_in * abs_scores
-    score_error = score_error + _variant_score_error(att, u)
-    if dq is not None:
-        score_error = score_error + abs(att.scale) * (
-            dq @ np.swapaxes(np.abs(k), -1, -2) + np.abs(q) @ np.swapaxes(dk, -1, -2)
-        )
+    score_error = _first_order_score_errors(att, u, dq, dk, u_in)
     attended = weights > 0
     v_row_max = np.max(np.abs(v), axis=-1)[..., None, :]  # (B, H, 1, Lk)
     v_max = np.max(np.where(attended, v_row_max, 0.0), axis=-1, keepdims=True)
@@ -303,17 +312,16 @@ def operand_group_sizes(x: np.ndarray, u: float) -> np.ndarray:
     return np.bincount(keys.ravel(), minlength=rows * kinds)[keys].reshape(x.shape).astype(np.float64)
 
 
-def _sdpa16_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_acc=None):
-    """Allowed error per output element (B, Hq, Lq, Dv) of a 16-bit sdpa (spec/tolerances.yaml, sixteen_bit).
-
-    dq, dk, dv: optional absolute errors of the inputs (the projections of multi_head_attention),
-    independent per element; they add to the score errors and to the output as random walks.
-    ``u_acc``: the accumulators' unit roundoff (default float32's; 8-bit tensor cores keep fewer bits, eight_bit)."""
+def _sixteen_bit_scores(att: oracle.Attention, u: float, dq=None, dk=None, u_acc=None):
+    """The 16-bit model's scores of a case (spec/tolerances.yaml, sixteen_bit): (attended, log_p, p, delta) over the
+    keys and, with a learnable sink, its column last: where a key is attended, the exact weights p (their logs log_p)
+    and delta_ij, what each score's roundings and its inputs' errors (dq, dk: the projections' or a quantization's)
+    may move it by. ``u_acc``: the accumulators' unit roundoff (default float32's)."""
     c = _sixteen_bit_constants()
     u_acc = _accumulator_roundoff() if u_acc is None else u_acc
-    q, k, v = att.q, att.k, att.v
-    dk, dv = _per_query_head(att, dk), _per_query_head(att, dv)
-    d, lk = q.shape[-1], k.shape[-2]
+    q, k = att.q, att.k
+    dk = _per_query_head(att, dk)
+    d = q.shape[-1]
     scale_value = att.scale
     kt = np.swapaxes(k, -1, -2)
     raw = att.raw  # scale * q . k
@@ -337,9 +345,6 @@ def _sdpa16_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_
         log_p = np.where(attended, shift - np.log(np.sum(np.where(attended, np.exp(shift), 0.0), axis=-1,
                                                                 keepdims=True)), -np.inf)
     p = np.exp(log_p)  # the exact weights; 0 on removed keys and on fully masked rows
-    # P @ V's sum grows as Lk where its summands coincide (weights rounded to the dtype first: those within 2 u of
-    # each other may become one value), else as sqrt(Lk). The sink takes no value: it is not a summand.
-    growth = accumulation_growth(p[..., :lk], v, lk, u_acc, weights_rounding=u)
     # delta_ij: the score's own roundings (product, scale, mask addition, max shift) and its float32 sum.
     delta = u * (c["c_score_round"] * np.abs(raw) + np.abs(s) + np.abs(shift))
     keys_delta = c["c_acc"] * u_acc * math.sqrt(d) * abs(scale_value) * (np.abs(q) @ np.abs(kt))
@@ -359,10 +364,26 @@ def _sdpa16_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_
         delta[..., -1:] *= _variant_constants(sixteen_bit=True)["c_sink"]
         keys_delta = np.concatenate([np.broadcast_to(keys_delta, delta[..., :-1].shape),
                                      np.zeros(delta.shape[:-1] + (1,))], axis=-1)
-        v = np.concatenate([v, np.zeros(v.shape[:-2] + (1, v.shape[-1]))], axis=-2)  # the sink takes no value
+    return attended, log_p, p, np.where(attended, delta + keys_delta, 0.0)
+
+
+def _sdpa16_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_acc=None):
+    """Allowed error per output element (B, Hq, Lq, Dv) of a 16-bit sdpa (spec/tolerances.yaml, sixteen_bit).
+
+    dq, dk, dv: optional absolute errors of the inputs (the projections of multi_head_attention),
+    independent per element; they add to the score errors and to the output as random walks.
+    ``u_acc``: the accumulators' unit roundoff (default float32's; 8-bit tensor cores keep fewer bits, eight_bit)."""
+    c = _sixteen_bit_constants()
+    u_acc = _accumulator_roundoff() if u_acc is None else u_acc
+    attended, log_p, p, delta = _sixteen_bit_scores(att, u, dq, dk, u_acc)
+    v, dv, lk = att.v, _per_query_head(att, dv), att.k.shape[-2]
+    # P @ V's sum grows as Lk where its summands coincide (weights rounded to the dtype first: those within 2 u of
+    # each other may become one value), else as sqrt(Lk). The sink takes no value: it is not a summand.
+    growth = accumulation_growth(p[..., :lk], v, lk, u_acc, weights_rounding=u)
+    if att.sink is not None:  # the sink's column takes no value
+        v = np.concatenate([v, np.zeros(v.shape[:-2] + (1, v.shape[-1]))], axis=-2)
         if dv is not None:
             dv = np.concatenate([dv, np.zeros(dv.shape[:-2] + (1, dv.shape[-1]))], axis=-2)
-    delta = np.where(attended, delta + keys_delta, 0.0)
     o = p @ v
     # Score errors move the output by sum_j (p'_j - p_j) (v_j - o), p'_j the weights of the perturbed scores,
     # summed as a random walk over the keys (independent roundings). |p'_j - p_j| is bounded two ways, both exact
@@ -451,6 +472,73 @@ def attention_allowed(att: oracle.Attention, dtype: str, policy: str = "zeros", 
     return np.where(empty, 0.0, allowed)
 
 
+def lse_allowed(att: oracle.Attention, dtype: str, tf32: bool = False, sink: str = "included") -> np.ndarray:
+    """The allowed error of each row's log-sum-exp (B, Hq, Lq) in log space (spec/tolerances.yaml, lse), from the
+    oracle's Attention of the case: its scores' errors (the model the output's allowance uses, first-order or
+    16-bit) moved through the log-sum-exp, log sum_j p_j exp(delta_j); the shift s_j - m rounded in the
+    accumulator; the sum of the exponentials (sqrt(n) terms, n where they coincide); the log and the lse rounded
+    to float32 (in 16 bits, each exponential rounded to the dtype too). ``sink``: LSE_CONVENTION's, the learnable
+    sink's term in the denominator or not. A row without keys is exact: -inf, or the sink's logit rounded to
+    float32."""
+    c = _constants("lse")
+    u_lse = unit_roundoff("float32")
+    u_acc = unit_roundoff("float64") if dtype == "float64" else unit_roundoff("float32")
+    with_sink = att.sink is not None and sink == "included"
+    if is_sixteen_bit(dtype) or (tf32 and dtype == "float32"):
+        u = unit_roundoff(TF32_MODEL_DTYPE if tf32 and dtype == "float32" else dtype)
+        attended, log_p, p, delta = _sixteen_bit_scores(att, u)
+        if att.sink is not None and not with_sink:  # the lse of the keys alone: the sink's column is no term
+            attended, delta = attended[..., :-1], delta[..., :-1]
+            log_p, p = _log_weights(att.scores)
+    else:
+        delta = _first_order_score_errors(att, unit_roundoff(dtype))
+        scores = att.scores
+        if with_sink:  # the sink's logit rounded and shifted, c_sink u (|sigma| + |sigma - m|) (section variants)
+            column = np.broadcast_to(att.sink, scores.shape[:-1] + (1,))
+            m, _ = _sink_shift(scores, att.sink)
+            sink_error = _variant_constants()["c_sink"] * unit_roundoff(dtype) * (np.abs(column) + np.abs(column - m))
+            scores = np.concatenate([scores, column], axis=-1)
+            delta = np.concatenate([np.broadcast_to(delta, scores[..., :-1].shape), sink_error], axis=-1)
+        attended = np.isfinite(scores)
+        log_p, p = _log_weights(scores)
+        delta = np.where(attended, delta, 0.0)
+    scores = att.scores if not with_sink else np.concatenate(
+        [att.scores, np.broadcast_to(att.sink, att.scores.shape[:-1] + (1,))], axis=-1)
+    top = np.max(np.where(attended, scores, -np.inf), axis=-1, keepdims=True)
+    keyless = ~attended.any(axis=-1)
+    shift = np.where(attended, np.abs(scores - np.where(np.isfinite(top), top, 0.0)), 0.0)  # |s_j - m|
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        moved = np.max(np.where(attended, delta, -np.inf), axis=-1, keepdims=True)
+        # log sum_j p_j exp(delta_j), evaluated around its largest exponent (a 16-bit score's delta may be large)
+        score_term = moved + np.log(np.maximum(np.sum(np.where(attended, p * np.exp(delta - moved), 0.0), axis=-1,
+                                                      keepdims=True), 1e-300))
+        log_sum = np.log(np.maximum(np.sum(np.where(attended, np.exp(-shift), 0.0), axis=-1, keepdims=True), 1e-300))
+    terms = attended.sum(axis=-1, keepdims=True)
+    growth = accumulation_growth(np.where(attended, p, 0.0), np.ones(p.shape[:2] + (p.shape[-1], 1)),
+                                 p.shape[-1], u_acc)
+    growth = np.minimum(np.broadcast_to(growth, terms.shape), terms)  # never more than the row's terms
+    lse = att.lse(sink)[..., None]
+    # A 16-bit path may round each exp(s_j - m) to its dtype before the float32 sum (numpy_native does): Z off by u
+    # relative at most, sum_j p_j u.
+    terms_rounding = unit_roundoff(dtype) if is_sixteen_bit(dtype) else 0.0
+    allowed = (c["c_score"] * np.where(keyless[..., None], 0.0, score_term) + c["c_exp"] * terms_rounding
+               + c["c_shift"] * u_acc * np.sum(p * shift, axis=-1, keepdims=True)
+               + c["c_acc"] * u_acc * growth
+               + c["c_out"] * (u_acc * np.abs(log_sum) + u_lse * np.where(np.isfinite(lse), np.abs(lse), 0.0)))
+    return np.where(keyless[..., None], u_lse * np.where(np.isfinite(lse), np.abs(lse), 0.0), allowed)[..., 0]
+
+
+def _log_weights(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(log p, p): the exact softmax weights of ``scores`` along the keys, -inf / 0 where a key is removed."""
+    attended = np.isfinite(scores)
+    top = np.max(np.where(attended, scores, -np.inf), axis=-1, keepdims=True)
+    shift = np.where(attended, scores - np.where(np.isfinite(top), top, 0.0), 0.0)
+    with np.errstate(divide="ignore"):
+        log_p = np.where(attended, shift - np.log(np.sum(np.where(attended, np.exp(shift), 0.0), axis=-1,
+                                                                keepdims=True)), -np.inf)
+    return log_p, np.exp(log_p)
+
+
 def sdpa_allowed(q, k, v, mask, is_causal, scale, dtype: str, policy: str = "zeros", tf32: bool = False,
                  output_dtype: str | None = None, **variants) -> np.ndarray:
     """``attention_allowed`` of an sdpa case given by its inputs (the oracle's Attention computed here, once).
@@ -506,27 +594,38 @@ def mha_allowed(query, key, value, params, num_heads, mask, is_causal, dtype: st
         return _mha16_allowed(query, key, value, params, num_heads, dtype, trace)
     # Declared TF32: the first-order input rounding (spec/tolerances.yaml, tf32), not the sixteen_bit model sdpa takes:
     # TF32 by truncation, whose errors add linearly through the projections, used 1.3x that model.
-    u = unit_roundoff(dtype)
-    u_in = tf32_unit_roundoff() if tf32 else 0.0
-    c_proj = _constants("multi_head_attention")["c_proj"]
-    c_in = tf32_input_constant()
-    p = {name: np.asarray(a, dtype=np.float64) for name, a in params.items()}
+    context_error = mha_context_allowed(query, key, value, params, num_heads, dtype, trace, tf32)[3]
+    merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)
+    return merged_error @ np.abs(np.asarray(params["w_o"], dtype=np.float64)) + \
+        mha_projection_error(trace["merged"], params, "o", dtype, tf32)
 
-    def projection_error(x, name):
-        x = np.abs(np.asarray(x, dtype=np.float64))
-        w = np.abs(p["w_" + name])
-        b = np.abs(p.get("b_" + name, 0.0))
-        return c_proj * u * (math.sqrt(x.shape[-1]) * (x @ w) + b) + c_in * 2 * u_in * (x @ w)
+
+def mha_projection_error(x, params, name: str, dtype: str, tf32: bool = False) -> np.ndarray:
+    """The first-order model's allowed error of one projection x @ w_name (+ b_name) of multi_head_attention
+    (spec/tolerances.yaml, multi_head_attention; declared TF32: its input rounding, section tf32)."""
+    u, u_in = unit_roundoff(dtype), (tf32_unit_roundoff() if tf32 else 0.0)
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    w = np.abs(np.asarray(params["w_" + name], dtype=np.float64))
+    b = np.abs(np.asarray(params.get("b_" + name, 0.0), dtype=np.float64))
+    return _constants("multi_head_attention")["c_proj"] * u * (math.sqrt(x.shape[-1]) * (x @ w) + b) \
+        + tf32_input_constant() * 2 * u_in * (x @ w)
+
+
+def mha_context_allowed(query, key, value, params, num_heads, dtype: str, trace: dict, tf32: bool = False) -> tuple:
+    """(dq, dk, dv, context) of the first-order multi_head_attention model: the allowed errors of the heads' q, k, v
+    (B, H, L, D) (the projections', split) and of the heads' context (B, H, Lq, Dv) they and the attention's own
+    rounding give. ``trace``: the oracle's multi_head_attention trace of the case. The gradients' model
+    (conformance/judging/gradients.py, grad.mha) starts from these."""
+    u, u_in = unit_roundoff(dtype), (tf32_unit_roundoff() if tf32 else 0.0)
 
     def split(x):
         b, length, width = x.shape
         return np.swapaxes(x.reshape(b, length, num_heads, width // num_heads), 1, 2)
 
-    dq, dk, dv = (split(projection_error(x, n)) for x, n in ((query, "q"), (key, "k"), (value, "v")))
+    dq, dk, dv = (split(mha_projection_error(x, params, n, dtype, tf32)) for x, n in ((query, "q"), (key, "k"),
+                                                                                     (value, "v")))
     context_error = _sdpa_terms(trace["attention"], u, dq, dk, dv, u_in=u_in)
-    context_error = np.broadcast_to(context_error, trace["context"].shape)
-    merged_error = np.swapaxes(context_error, 1, 2).reshape(trace["merged"].shape)
-    return merged_error @ np.abs(p["w_o"]) + projection_error(trace["merged"], "o")
+    return dq, dk, dv, np.broadcast_to(context_error, trace["context"].shape)
 
 
 # ------------------------------------------------------------------ 8-bit inputs (FP8)

@@ -12,16 +12,17 @@ becomes one block per verdict::
 
 the clause and the case's label, the problem with the worst element (got against the oracle, the error against the
 allowed error), and one command that replays it. No array is printed: the repro file holds them, whatever their
-size. The block is a pytest ExceptionChainRepr (one entry of "E" lines), so xdist carries it to the controller as
-it carries any traceback, and the short test summary's line reads "[clause] problem". A test that failed any other
-way (an error of the suite itself) keeps pytest's traceback.
+size, within its directory's bound: a repro the bound left out reads ``repro: not kept: why``, one that could not
+be written ``repro: not saved: the error``. The block is a pytest ExceptionChainRepr (one entry of "E" lines), so
+xdist carries it to the controller as it carries any traceback, and the short test summary's line reads "[clause]
+problem". A test that failed any other way (an error of the suite itself) keeps pytest's traceback.
 """
 from __future__ import annotations
 
 import textwrap
 
 from attention_conformance.conformance.judging.containment import HungEarlier
-from attention_conformance.conformance.judging.evidence import command, save
+from attention_conformance.conformance.judging.evidence import NotKept, command, save
 from attention_conformance.conformance.judging.messages import ConformanceFailure
 
 try:
@@ -72,8 +73,11 @@ def after_test(item, call, report) -> None:
         evidence = failure.evidence
         try:
             save(evidence)
+        except NotKept as why:
+            unsaved[evidence.id] = f"not kept: {why}"
+            continue
         except Exception as exc:  # noqa: BLE001 -- a repro that cannot be written must not end the run
-            unsaved[evidence.id] = f"{type(exc).__name__}: {exc}"
+            unsaved[evidence.id] = f"not saved: {type(exc).__name__}: {exc}"
             continue
         if failure.record is not None:
             failure.record.repro_id = evidence.id
@@ -93,7 +97,7 @@ def after_test(item, call, report) -> None:
 
 
 def block(failure, unsaved: str | None = None) -> list[str]:
-    """The lines of one verdict (module docstring)."""
+    """The lines of one verdict (module docstring); ``unsaved``: why its repro file is not there."""
     evidence = failure.evidence
     head = textwrap.wrap(f"[{failure.clause}] {evidence.case.label}", HEAD_WIDTH, subsequent_indent="    ",
                          break_on_hyphens=False)
@@ -103,7 +107,7 @@ def block(failure, unsaved: str | None = None) -> list[str]:
     detail = evidence.problem + (f"; {_worst_words(evidence.worst)}" if evidence.worst else "")
     lines = head + textwrap.wrap(detail, WIDTH, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
     if unsaved:
-        lines.append(f"  repro: not saved ({unsaved})")
+        lines += textwrap.wrap(f"repro: {unsaved}", WIDTH, initial_indent="  ", subsequent_indent="    ")
     else:
         lines.append(f"  repro: {command(evidence.id)}")
     return lines

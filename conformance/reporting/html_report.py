@@ -512,7 +512,9 @@ def _render_plot(points: list[dict], names: list[str], Figure, FigureCanvasAgg) 
     if high:
         notes.append(f"{high} case(s) with a ratio above {top:.0e} are drawn on the top edge.")
     ax.set_yscale("log")
-    ax.set_ylim(floor / 2.0, top * 2.0)
+    # The allowed line (ratio 1) always in view: with every ratio far above it, its label had been drawn below the
+    # axes, and the layout could not make room for it (matplotlib warned "Tight layout not applied").
+    ax.set_ylim(min(floor / 2.0, 0.5), max(top * 2.0, 2.0))
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=30 if len(names) > 4 else 0, ha="right" if len(names) > 4 else "center",
@@ -526,9 +528,10 @@ def _render_plot(points: list[dict], names: list[str], Figure, FigureCanvasAgg) 
                            edgecolors="black" if s == "failed" else "none", label=s)
                 for s in JUDGED if any(st == s for (_, st) in labelled)]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.04, 1.0), fontsize=8, frameon=False)
-    fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
+    # The saved image grows to hold the rotated names and the legend (fig.tight_layout() shrinks the axes instead, and
+    # warns into the user's run where it cannot).
+    fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.15)
     return base64.b64encode(buffer.getvalue()).decode("ascii"), notes
 
 

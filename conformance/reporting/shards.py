@@ -79,19 +79,19 @@ def parse(text: str | None) -> Shard | None:
 
 
 # ------------------------------------------------------------------ durations
-def read_durations(path: Path | str | None) -> tuple[dict[str, float], str]:
+def read_durations(path: Path | str | None, option: str = "--shard-durations") -> tuple[dict[str, float], str]:
     """(nodeid -> seconds, where they came from) from a durations file; a missing file gives none (the fallback
-    weights apply), a malformed one is a usage error naming the file."""
+    weights apply), a malformed one is a usage error naming the file (and the ``option`` that named it)."""
     path = Path(path) if path else DURATIONS_FILE
     if not path.is_file():
         return {}, f"no durations file at {path}: every item weighs the same"
     try:
         data = json.loads(path.read_text(encoding="utf-8") or "{}")
     except (OSError, ValueError) as exc:
-        raise pytest.UsageError(f"--shard-durations {path}: not a durations file: {exc}") from None
+        raise pytest.UsageError(f"{option} {path}: not a durations file: {exc}") from None
     durations = data.get("durations", {}) if isinstance(data, dict) else None
     if not isinstance(durations, dict) or not all(isinstance(v, (int, float)) for v in durations.values()):
-        raise pytest.UsageError(f"--shard-durations {path}: expected {{\"durations\": {{nodeid: seconds}}}}")
+        raise pytest.UsageError(f"{option} {path}: expected {{\"durations\": {{nodeid: seconds}}}}")
     return {str(k): float(v) for k, v in durations.items()}, f"{path} ({len(durations)} items measured)"
 
 

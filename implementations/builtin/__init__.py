@@ -12,6 +12,8 @@ installed costs nothing until a built-in of it is called, and is then reported s
   efficient, cuDNN); ``torch_flex``: ``flex_attention`` compiled, on CUDA and on the CPU;
 - ``jax_backend``: ``jax.nn.dot_product_attention`` (XLA and cuDNN) and the Pallas flash kernel; ``jax_numpy``:
   hand-written ``jax.numpy`` run in size buckets; ``jax_jit``: the compile cache and XLA options they share;
+- ``sequence_parallel_torch``: ring attention and Ulysses on torch.distributed; ``sequence_parallel_jax``: the same
+  under JAX's shard_map (sdpa_sequence_parallel);
 - ``common``: array helpers shared by several frameworks' paths; ``cuda_deviations``: CUDA kernels' measured
   conventions, declared by the torch and JAX paths alike.
 
@@ -26,6 +28,11 @@ from attention_conformance.implementations.builtin.jax_backend import (
 )
 from attention_conformance.implementations.builtin.jax_numpy import JaxNumpy
 from attention_conformance.implementations.builtin.numpy_backend import NumpyNative, NumpyOracle
+from attention_conformance.implementations.builtin.sequence_parallel_jax import JaxRingAttention, JaxUlyssesAttention
+from attention_conformance.implementations.builtin.sequence_parallel_torch import (
+    TorchRingAttention,
+    TorchUlyssesAttention,
+)
 from attention_conformance.implementations.builtin.torch_backend import (
     TorchMath,
     TorchMultiheadAttentionModule,
@@ -55,4 +62,8 @@ BUILTINS = (
     JaxPallasFlashAttention,
     JaxNumpy,
     TorchScaledMMFP8,
+    TorchRingAttention,
+    TorchUlyssesAttention,
+    JaxRingAttention,
+    JaxUlyssesAttention,
 )

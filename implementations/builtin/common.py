@@ -183,3 +183,26 @@ def differentiated_eagerly(*arrays) -> bool:
     tracers = [a for a in arrays if isinstance(a, jax.core.Tracer)]
     primals = [getattr(a, "primal", None) for a in tracers]  # JVP and linearize tracers have one
     return bool(tracers) and all(p is not None and not isinstance(p, jax.core.Tracer) for p in primals)
+
+
+# ------------------------------------------------------------------ merging partial states
+def merge_states_with(xp, out, lse, learnable_sink=None):
+    """merge_states (docs/contract.md) as FlashInfer's MergeStatesKernel computes it, in NumPy or jax.numpy
+    (``xp``): in float32 (float64 for float64 parts), the largest lse subtracted before any exponential, a part
+    without keys (lse -inf) weighing exactly 0, a sink once; a row without any key gives out 0 and lse -inf."""
+    acc = xp.float64 if out.dtype == xp.float64 else xp.float32
+    parts_lse = lse.astype(acc)
+    top = xp.max(parts_lse, axis=0)
+    sink = None
+    if learnable_sink is not None:
+        sink = xp.asarray(learnable_sink).astype(acc).reshape(1, -1, 1)
+        top = xp.maximum(top, sink)
+    top = xp.where(xp.isneginf(top), xp.zeros_like(top), top)
+    weights = xp.exp(parts_lse - top)
+    total = xp.sum(weights, axis=0) + (xp.exp(sink - top) if sink is not None else 0.0)
+    values = xp.where(weights[..., None] > 0, out.astype(acc), xp.zeros((), acc))
+    merged = xp.sum(weights[..., None] * values, axis=0)
+    found = total > 0
+    merged = xp.where(found[..., None], merged / xp.where(found, total, 1.0)[..., None], xp.zeros((), acc))
+    merged_lse = xp.where(found, top + xp.log(xp.where(found, total, 1.0)), -xp.inf)
+    return merged.astype(out.dtype), merged_lse.astype(xp.float64 if acc == xp.float64 else xp.float32)

@@ -16,6 +16,7 @@ from attention_conformance.implementations.builtin.common import (
     host_floats,
     host_ints,
     merge_heads,
+    merge_states_with,
     packed_positions,
     paged_mask,
     per_row_slopes,
@@ -54,6 +55,17 @@ class JaxNumpy:
         return softmax_in_buckets(JaxNumpy._softmax, x, axis)
 
     @staticmethod
+    def merge_states(out, lse, *, learnable_sink=None):
+        """FlashInfer's merge in jax.numpy (common.merge_states_with), jitted once per shape."""
+        return jax_jit.jitted(JaxNumpy._merge_states)(out, lse, learnable_sink)
+
+    @staticmethod
+    def _merge_states(out, lse, learnable_sink):
+        import jax.numpy as jnp
+
+        return merge_states_with(jnp, out, lse, learnable_sink)
+
+    @staticmethod
     def _softmax(x, axis=-1):
         import jax.numpy as jnp
 
@@ -64,11 +76,16 @@ class JaxNumpy:
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
              query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-             attention_chunk=None, key_leftpad=None):
+             attention_chunk=None, key_leftpad=None, return_lse=False):
         # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
         variants = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, query_offset=query_offset,
                         key_lengths=key_lengths, sink_token_length=sink_token_length, attention_chunk=attention_chunk,
                         key_leftpad=key_leftpad)
+        if return_lse:  # the forward of concrete arrays (the lse's programs share the buckets of the output's)
+            if jax_jit.traced(q, k, v, mask, learnable_sink, alibi_slopes, key_lengths, key_leftpad):
+                raise NotImplementedError("jax_numpy returns the log-sum-exp of concrete arrays only, not under a trace")
+            return JaxNumpy._sdpa_in_buckets(q, k, v, mask, is_causal, scale, learnable_sink=learnable_sink,
+                                             return_lse=True, **variants)
         if not jax_jit.traced(q, k, v, mask, learnable_sink):  # concrete arrays: one program per bucket
             return JaxNumpy._sdpa_in_buckets(q, k, v, mask, is_causal, scale, learnable_sink=learnable_sink,
                                              **variants)
@@ -88,7 +105,7 @@ class JaxNumpy:
             attention_chunk=None if attention_chunk is None else int(attention_chunk), key_leftpad=key_leftpad)
 
     @staticmethod
-    def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, **variants):
+    def _sdpa_in_buckets(q, k, v, mask, is_causal, scale, return_lse=False, **variants):
         """sdpa as one jitted program per bucket of sizes (a kernel's padding to its block; _Buckets): neither a new
         length, head count, window, softcap, offset or mask shape compiles. XLA compiles over jax_numpy's tests in one
         process: 440 -> 110 sdpa compiles with lengths and head dims padded; with batch and heads padded and
@@ -97,6 +114,9 @@ class JaxNumpy:
         import jax
 
         bucket = _Buckets(q, k, v, mask, is_causal, scale, **variants)
+        if return_lse:
+            out, lse = jax_jit.jitted(JaxNumpy._sdpa_uniform_lse)(*bucket.padded, **bucket.options)
+            return jax.device_put(bucket.output(out)), jax.device_put(bucket.row_values(lse))
         out = jax_jit.jitted(JaxNumpy._sdpa_uniform)(*bucket.padded, **bucket.options)
         return jax.device_put(bucket.output(out))
 
@@ -193,6 +213,33 @@ class JaxNumpy:
         (x + 0, x - 0 * d, a where() that picks the plain step); ``keep`` the attended keys (_attended_keys)."""
         import jax.numpy as jnp
 
+        scores, sink, v = JaxNumpy._uniform_scores(q, k, v, keep, bias, scale, capped, cap, slopes, offset, has_sink,
+                                                   sink)
+        weights = JaxNumpy._softmax_with_sink(scores, sink)
+        return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
+
+    @staticmethod
+    def _sdpa_uniform_lse(q, k, v, keep, bias, scale, capped, cap, slopes, offset, has_sink, sink):
+        """(_sdpa_uniform's output, each row's log-sum-exp in float32): the lse of the logits the softmax saw, the
+        sink's among them; -inf for a row without keys or sink."""
+        import jax.numpy as jnp
+
+        scores, sink, v = JaxNumpy._uniform_scores(q, k, v, keep, bias, scale, capped, cap, slopes, offset, has_sink,
+                                                   sink)
+        weights = JaxNumpy._softmax_with_sink(scores, sink)
+        logits = jnp.concatenate([scores, jnp.broadcast_to(sink, scores.shape[:-1] + (1,))], axis=-1)
+        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+        top = jnp.max(logits, axis=-1)
+        shift = jnp.where(jnp.isfinite(top), top, 0)
+        lse = shift + jnp.log(jnp.sum(jnp.exp(logits - shift[..., None]), axis=-1))
+        return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest"), lse
+
+    @staticmethod
+    def _uniform_scores(q, k, v, keep, bias, scale, capped, cap, slopes, offset, has_sink, sink):
+        """The scores _sdpa_uniform's softmax sees (-inf at a removed key), the sink logits (-inf: none) and v with
+        its kv heads repeated."""
+        import jax.numpy as jnp
+
         group = head_groups(q, k)
         k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
         lq, lk = q.shape[-2], k.shape[-2]
@@ -206,9 +253,7 @@ class JaxNumpy:
         scores = jnp.where(keep, scores + bias, -jnp.inf)
         # No sink is a logit of -inf (an exp of 0, its gradient 0), not an unselected exp that could overflow: that
         # made NaN gradients under where().
-        sink = jnp.where(has_sink, sink[:, :, None, None].astype(scores.dtype), -jnp.inf)
-        weights = JaxNumpy._softmax_with_sink(scores, sink)
-        return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(q.dtype), v, precision="highest")
+        return scores, jnp.where(has_sink, sink[:, :, None, None].astype(scores.dtype), -jnp.inf), v
 
     @staticmethod
     def _softmax_with_sink(scores, sink):
@@ -254,6 +299,9 @@ class JaxNumpy:
                          key_leftpad=key_leftpad)
         if not jax_jit.traced(query, key, value, mask, *params.values()):
             return JaxNumpy._mha_in_buckets(query, key, value, params, num_heads, mask, is_causal, **variants)
+        if differentiated_eagerly(query, key, value, *params.values(), learnable_sink) \
+                and not jax_jit.traced(mask, alibi_slopes, key_lengths, key_leftpad):
+            return JaxNumpy._mha_vjp_in_buckets(query, key, value, params, num_heads, mask, is_causal, **variants)
         # The projections too: "highest" makes every float32 matmul of the traced program full precision.
         with jax.default_matmul_precision("highest"):
             return jax_mha(JaxNumpy._sdpa, query, key, value, params, num_heads, mask, is_causal, **variants)
@@ -275,6 +323,76 @@ class JaxNumpy:
                                                                                 (value, "v")))
         context = np.asarray(JaxNumpy._sdpa_in_buckets(q, k, v, mask, is_causal, None, **variants))
         return jax.device_put(project(merge_heads(context, np), "o"))
+
+    @staticmethod
+    def _mha_vjp_in_buckets(query, key, value, params, num_heads, mask, is_causal, learnable_sink=None, **variants):
+        """multi_head_attention under an eager jax.vjp (the multi-head gradient tests, grad.mha): a custom_vjp whose
+        forward is _mha_in_buckets' (projections and the heads' attention in their buckets) and whose backward is the
+        chain rule on the same buckets: each projection's vjp one jitted program per bucket (_affine_vjp), the heads'
+        attention the sdpa gradients' (_uniform_vjp). The whole pipeline jitted (jax_mha) compiled a forward and a
+        backward per case shape, 10-14 s of CPU per test. Differentiated: query, key, value, every parameter and the
+        learnable sink; the mask and every other keyword are constants."""
+        import jax
+
+        saved = {}
+
+        @jax.custom_vjp
+        def attend(query, key, value, weights, sink):  # only its vjp runs (forward, backward): the rules' primal
+            raise NotImplementedError("jax_numpy's differentiable multi_head_attention runs under an eager jax.vjp")
+
+        def forward(query, key, value, weights, sink):
+            p = {name: np.asarray(array) for name, array in weights.items()}
+            x = {"q": np.asarray(query), "k": np.asarray(key), "v": np.asarray(value)}
+            heads = {n: split_heads(JaxNumpy._project_in_buckets(x[n], p["w_" + n], p.get("b_" + n)), num_heads, np)
+                     for n in "qkv"}
+            layout = _Buckets(heads["q"], heads["k"], heads["v"], mask, is_causal, None, learnable_sink=sink,
+                              **variants)
+            merged = merge_heads(layout.output(jax_jit.jitted(JaxNumpy._sdpa_uniform)(*layout.padded,
+                                                                                      **layout.options)), np)
+            saved.update(p=p, x=x, layout=layout, merged=merged, sink=sink)
+            return jax.device_put(JaxNumpy._project_in_buckets(merged, p["w_o"], p.get("b_o"))), None
+
+        def backward(_, d_out):
+            p, layout = saved["p"], saved["layout"]
+            d_merged, grads = JaxNumpy._affine_vjp_in_buckets(saved["merged"], p, "o", np.asarray(d_out))
+            found = jax_jit.jitted(JaxNumpy._uniform_vjp)(*layout.padded,
+                                                          layout.padded_output(split_heads(d_merged, num_heads, np)),
+                                                          **layout.options)
+            dq, dk, dv, _, dsink = layout.gradients(found, None, saved["sink"])
+            d_inputs = {}
+            for n, d_heads in (("q", dq), ("k", dk), ("v", dv)):
+                d_inputs[n], more = JaxNumpy._affine_vjp_in_buckets(saved["x"][n], p, n,
+                                                                    merge_heads(np.asarray(d_heads), np))
+                grads.update(more)
+            put = jax.device_put
+            return (put(d_inputs["q"]), put(d_inputs["k"]), put(d_inputs["v"]),
+                    {name: put(grads[name]) for name in p}, dsink)
+
+        attend.defvjp(forward, backward)
+        return attend(query, key, value, dict(params), learnable_sink)
+
+    @staticmethod
+    def _affine_vjp_in_buckets(x: np.ndarray, params: dict, name: str, d_y: np.ndarray) -> tuple:
+        """(dx, {"w_name": dw, "b_name": db}) of y = x @ w_name + b_name for upstream d_y, one jitted program per
+        bucket of _project_in_buckets' sizes (zeros padded, cut off on the host); no db without a bias."""
+        weight, bias = params["w_" + name], params.get("b_" + name)
+        rows = x.reshape(-1, x.shape[-1])
+        (n, e), f = rows.shape, weight.shape[1]
+        n2, e2, f2 = bucket_size(n, 32), bucket_size(e, 32), bucket_size(f, 32)
+        padded_bias = np.zeros(f2, weight.dtype) if bias is None else pad_to(np.asarray(bias), (f2,))
+        dx, dw, db = (np.asarray(g) for g in jax_jit.jitted(JaxNumpy._affine_vjp)(
+            pad_to(rows, (n2, e2)), pad_to(weight, (e2, f2)), padded_bias, pad_to(d_y.reshape(-1, f), (n2, f2))))
+        grads = {"w_" + name: np.ascontiguousarray(dw[:e, :f])}
+        if bias is not None:
+            grads["b_" + name] = np.ascontiguousarray(db[:f])
+        return np.ascontiguousarray(dx[:n, :e].reshape(x.shape)), grads
+
+    @staticmethod
+    def _affine_vjp(x, weight, bias, d_y):
+        """The vjp of _affine at (x, weight, bias) for upstream d_y: (dx, dweight, dbias)."""
+        import jax
+
+        return jax.vjp(JaxNumpy._affine, x, weight, bias)[1](d_y)
 
     @staticmethod
     def _project_in_buckets(x: np.ndarray, weight: np.ndarray, bias) -> np.ndarray:
@@ -312,27 +430,57 @@ class JaxNumpy:
                     seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
         import jax
 
-        qh, kh, vh = np.asarray(q), np.asarray(k), np.asarray(v)
-        (rows, hq, dk), (cols, hkv, dv) = qh.shape, vh.shape
-        query_seq, query_position, key_seq, key_position, used = packed_positions(cu_seqlens_q, cu_seqlens_k,
-                                                                                    seqused_k)
-        keep = (query_seq[:, None] == key_seq[None, :]) & used[None, :] \
-            & sequence_keep(query_position[:, None], key_position[None, :], is_causal, window)
-        distance = np.abs(query_position[:, None] - key_position[None, :]).astype(np.float64)
-        # Rows, keys, heads and head dims padded to buckets (one program per bucket); padded keys are not kept,
-        # padded rows and query heads cut off.
-        r, c, dk2, dv2, heads = bucket_size(rows, 32), bucket_size(cols, 32), bucket_size(dk, 8), bucket_size(dv, 8), \
-            HeadBucket(hq, hkv)
-        options = JaxNumpy._options(qh, scale, softcap, learnable_sink, hq)
-        options["sink"] = heads.query(options["sink"], 0, -np.inf)
-        out = jax_jit.jitted(JaxNumpy._packed)(
-            pad_to(heads.query(qh, 1), (r, heads.hkv2 * heads.group2, dk2)),
-            pad_to(kh, (c, heads.hkv2, dk2)), pad_to(vh, (c, heads.hkv2, dv2)),
-            pad_to(keep, (r, c), False), pad_to(distance, (r, c)),
-            pad_to(heads.query(per_row_slopes(alibi_slopes, query_seq, hq), 0), (heads.hkv2 * heads.group2, r)),
-            **options)
+        options = dict(seqused_k=seqused_k, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+        if jax_jit.traced(q, k, v, learnable_sink):
+            if not differentiated_eagerly(q, k, v, learnable_sink) or jax_jit.traced(cu_seqlens_q, cu_seqlens_k,
+                                                                                     seqused_k, alibi_slopes):
+                raise NotImplementedError("jax_numpy reads a packed batch's sequences on the host: its sdpa_varlen "
+                                          "is differentiated under an eager jax.vjp, not traced under jit")
+            return JaxNumpy._varlen_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, learnable_sink,
+                                        **options)
+        layout = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, learnable_sink=learnable_sink,
+                         **options)
         # device_put: jnp.asarray of a NumPy array compiles a program (lax.stage) per shape
-        return jax.device_put(np.ascontiguousarray(heads.real(np.asarray(out)[:rows, :, :dv], 1)))
+        return jax.device_put(layout.output(jax_jit.jitted(JaxNumpy._packed)(*layout.padded, **layout.options)))
+
+    @staticmethod
+    def _varlen_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, learnable_sink, **options):
+        """sdpa_varlen under an eager jax.vjp (the packed-batch gradient tests; grad.varlen): a custom_vjp whose
+        forward is the forward tests' program on the concrete values in their buckets (_Packed) and whose backward is
+        one jitted vjp of _packed per bucket, cut back as the output is (padded rows take a zero upstream gradient,
+        padded keys a zero weight). Differentiated: q, k, v and the learnable sink; the offsets, seqused_k, ALiBi
+        slopes and the window are constants."""
+        import jax
+
+        bucket = {}  # the forward's layout, which the backward reuses
+
+        @jax.custom_vjp
+        def attend(q, k, v, sink):  # only its vjp runs (forward, backward); this is the rule's primal
+            raise NotImplementedError("jax_numpy's differentiable sdpa_varlen runs under an eager jax.vjp only")
+
+        def forward(q, k, v, sink):
+            where = bucket["layout"] = _Packed(q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale,
+                                               learnable_sink=sink, **options)
+            return jax.device_put(where.output(jax_jit.jitted(JaxNumpy._packed)(*where.padded, **where.options))), \
+                sink
+
+        def backward(sink, d_out):
+            where = bucket["layout"]
+            grads = jax_jit.jitted(JaxNumpy._packed_vjp)(*where.padded, where.padded_output(d_out), **where.options)
+            return where.gradients(grads, sink)
+
+        attend.defvjp(forward, backward)
+        return attend(q, k, v, learnable_sink)
+
+    @staticmethod
+    def _packed_vjp(q, k, v, keep, distance, slopes, d_out, **options):
+        """The vjp of _packed at a bucket: (dq, dk, dv, dsink) for upstream d_out."""
+        import jax
+
+        def attend(q, k, v, sink):
+            return JaxNumpy._packed(q, k, v, keep, distance, slopes, **dict(options, sink=sink))
+
+        return jax.vjp(attend, q, k, v, options["sink"])[1](d_out)
 
     @staticmethod
     def _packed(q, k, v, keep, distance, slopes, sink, scale, cap, capped):
@@ -459,6 +607,10 @@ class _Buckets:
         """The (B, Hq, Lq, Dv) output of the padded (entries2, group2, rows, dv2) one."""
         return self._real(out, self.lq, self.dv)
 
+    def row_values(self, per_row) -> np.ndarray:
+        """The (B, Hq, Lq) rows of a padded (entries2, group2, rows) per-row array (the log-sum-exp)."""
+        return self._real(per_row, self.lq)
+
     def padded_output(self, d_out) -> np.ndarray:
         """An upstream gradient of the output, padded with zeros: the padding contributes nothing."""
         return self.heads(d_out, (self.rows, self.dv2))
@@ -479,4 +631,50 @@ class _Buckets:
             out[3] = reduce_to_shape(self._real(dbias, self.lq, self.lk), tuple(bias.shape)).astype(bias.dtype)
         if sink is not None:
             out[4] = self._real(dsink).sum(axis=0).astype(sink.dtype)
+        return tuple(None if g is None else jax.device_put(np.ascontiguousarray(g)) for g in out)
+
+
+class _Packed:
+    """One sdpa_varlen case of concrete arrays laid out in its bucket (JaxNumpy.sdpa_varlen): rows, keys, heads and
+    head dims padded to buckets (one program per bucket), the sequences' structure read on the host into the kept
+    keys and the ALiBi distances; padded keys are not kept, padded rows and query heads cut off. ``padded``: _packed's
+    (q, k, v, keep, distance, slopes); ``options``: its other arguments by name."""
+
+    def __init__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, is_causal, scale, *, seqused_k=None, window=None,
+                 softcap=None, alibi_slopes=None, learnable_sink=None):
+        qh, kh, vh = np.asarray(q), np.asarray(k), np.asarray(v)
+        (self.rows, hq, self.dk), (self.cols, self.hkv, self.dv) = qh.shape, vh.shape
+        query_seq, query_position, key_seq, key_position, used = packed_positions(cu_seqlens_q, cu_seqlens_k,
+                                                                                    seqused_k)
+        keep = (query_seq[:, None] == key_seq[None, :]) & used[None, :] \
+            & sequence_keep(query_position[:, None], key_position[None, :], is_causal, window)
+        distance = np.abs(query_position[:, None] - key_position[None, :]).astype(np.float64)
+        r, c, dk2, dv2 = bucket_size(self.rows, 32), bucket_size(self.cols, 32), bucket_size(self.dk, 8), \
+            bucket_size(self.dv, 8)
+        self.heads = heads = HeadBucket(hq, self.hkv)
+        self.options = JaxNumpy._options(qh, scale, softcap, learnable_sink, hq)
+        self.options["sink"] = heads.query(self.options["sink"], 0, -np.inf)
+        self.padded = (pad_to(heads.query(qh, 1), (r, heads.hkv2 * heads.group2, dk2)),
+                       pad_to(kh, (c, heads.hkv2, dk2)), pad_to(vh, (c, heads.hkv2, dv2)),
+                       pad_to(keep, (r, c), False), pad_to(distance, (r, c)),
+                       pad_to(heads.query(per_row_slopes(alibi_slopes, query_seq, hq), 0),
+                              (heads.hkv2 * heads.group2, r)))
+
+    def output(self, out) -> np.ndarray:
+        """The (total_q, Hq, Dv) output of the padded one."""
+        return np.ascontiguousarray(self.heads.real(np.asarray(out)[:self.rows, :, :self.dv], 1))
+
+    def padded_output(self, d_out) -> np.ndarray:
+        """An upstream gradient of the output padded with zeros (the padding contributes nothing)."""
+        q = self.padded[0]
+        return pad_to(self.heads.query(np.asarray(d_out), 1), (q.shape[0], q.shape[1], self.padded[2].shape[2]))
+
+    def gradients(self, grads, sink) -> tuple:
+        """(dq, dk, dv, dsink) of the real arguments, cut from the bucket's; dsink None without a sink."""
+        import jax
+
+        dq, dk, dv, dsink = (np.asarray(g) for g in grads)
+        out = [self.heads.real(dq[:self.rows, :, :self.dk], 1), dk[:self.cols, :self.hkv, :self.dk],
+               dv[:self.cols, :self.hkv, :self.dv],
+               None if sink is None else self.heads.real(dsink, 0).astype(np.asarray(sink).dtype)]
         return tuple(None if g is None else jax.device_put(np.ascontiguousarray(g)) for g in out)

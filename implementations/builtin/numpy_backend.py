@@ -15,6 +15,7 @@ from attention_conformance.implementations.builtin.common import (
     document_mask,
     head_groups,
     merge_heads,
+    merge_states_with,
     paged_gather,
     paged_mask,
     positions_allowed,
@@ -38,7 +39,7 @@ class NumpyOracle:
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
              query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-             attention_chunk=None, key_leftpad=None):
+             attention_chunk=None, key_leftpad=None, return_lse=False):
         from attention_conformance.conformance.reference import oracle
 
         variants = oracle.variant_options(dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -46,7 +47,8 @@ class NumpyOracle:
                                                key_lengths=key_lengths, learnable_sink=learnable_sink,
                                                sink_token_length=sink_token_length, attention_chunk=attention_chunk,
                                                key_leftpad=key_leftpad))
-        return oracle.sdpa(q, k, v, mask=mask, is_causal=is_causal, scale=scale, **variants)
+        attention = oracle.attention(q, k, v, mask, is_causal, scale, **variants)
+        return (attention.output(), attention.lse()) if return_lse else attention.output()
 
     @staticmethod
     def multi_head_attention(query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
@@ -74,7 +76,8 @@ class NumpyNative:
 
     Matmuls and sums of 16-bit values accumulate in float32 and are rounded once
     (NumPy's float16 and bfloat16 matmuls do so themselves; sums are asked to); the
-    score scale * q.k is one intermediate, scaled in the accumulator.
+    score scale * q.k is one intermediate, scaled in the accumulator. merge_states is FlashInfer's merge kernel in
+    float32 (common.merge_states_with).
     """
 
     NAME = "numpy_native"
@@ -92,7 +95,7 @@ class NumpyNative:
     @classmethod
     def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
              query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-             attention_chunk=None, key_leftpad=None):
+             attention_chunk=None, key_leftpad=None, return_lse=False):
         # query_lengths only marks padding rows, which the contract does not judge: every row is computed.
         dtype = q.dtype
         group = head_groups(q, k)
@@ -138,28 +141,40 @@ class NumpyNative:
             if sink is not None:
                 total = total + np.exp((sink - row_max).astype(dtype)).astype(dtype)
         weights = (e / np.where(empty, 1, total.astype(dtype))).astype(dtype)
-        return (weights @ v).astype(dtype)
+        out = (weights @ v).astype(dtype)
+        if not return_lse:
+            return out
+        # lse = m + log Z in the accumulator, float32 (float64 in float64 cases); log 0 = -inf: a row without keys
+        with np.errstate(divide="ignore"):
+            lse = row_max[..., 0].astype(acc) + np.log(total[..., 0].astype(acc))
+        return out, lse.astype(np.float64 if dtype == np.float64 else np.float32)
 
     @classmethod
     def sdpa_varlen(cls, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
-                    scale=None, *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None):
+                    scale=None, *, seqused_k=None, window=None, softcap=None, alibi_slopes=None, learnable_sink=None,
+                    return_lse=False):
         # Document masking: one sdpa over the packed rows (batch 1), the sequences kept apart by the mask.
         mask = document_mask(cu_seqlens_q, cu_seqlens_k, seqused_k, is_causal, window, alibi_slopes, q.shape[1])
-        out = cls.sdpa(np.swapaxes(q, 0, 1)[None], np.swapaxes(k, 0, 1)[None], np.swapaxes(v, 0, 1)[None],
+        got = cls.sdpa(np.swapaxes(q, 0, 1)[None], np.swapaxes(k, 0, 1)[None], np.swapaxes(v, 0, 1)[None],
                        mask=mask if mask.dtype == np.bool_ else mask.astype(q.dtype),
                        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, softcap=softcap,
-                       learnable_sink=learnable_sink)
-        return np.ascontiguousarray(np.swapaxes(out[0], 0, 1))
+                       learnable_sink=learnable_sink, return_lse=return_lse)
+        out = np.ascontiguousarray(np.swapaxes((got[0] if return_lse else got)[0], 0, 1))
+        return (out, got[1][0]) if return_lse else out  # lse (Hq, total_q)
 
     @classmethod
     def sdpa_paged(cls, q, k_cache, v_cache, block_table, seqused_k, is_causal=False, scale=None, *, window=None,
-                   softcap=None, alibi_slopes=None, learnable_sink=None):
+                   softcap=None, alibi_slopes=None, learnable_sink=None, return_lse=False):
         # Each sequence's pages gathered into a padded batch, the keys past seqused_k masked.
         k = np.swapaxes(paged_gather(k_cache, block_table), 1, 2)
         v = np.swapaxes(paged_gather(v_cache, block_table), 1, 2)
         mask = paged_mask(seqused_k, q.shape[2], k.shape[2], is_causal, window, alibi_slopes, q.shape[1])
         return cls.sdpa(q, k, v, mask=mask if mask.dtype == np.bool_ else mask.astype(q.dtype), scale=scale,
-                        softcap=softcap, learnable_sink=learnable_sink)
+                        softcap=softcap, learnable_sink=learnable_sink, return_lse=return_lse)
+
+    @staticmethod
+    def merge_states(out, lse, *, learnable_sink=None):
+        return merge_states_with(np, out, lse, learnable_sink)
 
     @classmethod
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,

@@ -40,7 +40,7 @@ class TorchMath:
     @staticmethod
     def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
              query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-             attention_chunk=None, key_leftpad=None):
+             attention_chunk=None, key_leftpad=None, return_lse=False):
         import torch
 
         group = head_groups(q, k)
@@ -68,13 +68,46 @@ class TorchMath:
         if learnable_sink is not None:
             # gpt-oss's form: the sink is one more column of the scores, its weight dropped before @ v.
             sink = sink_4d(learnable_sink, q.shape[1]).to(scores.dtype).expand(*scores.shape[:-1], 1)
-            return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] @ v
-        # A row with no attendable key is 0/0 in softmax; the contract says zeros. Its scores are replaced before the
-        # softmax, not only its weights after: a softmax of -inf rows has NaN weights whose backward is NaN (times a
-        # zero upstream gradient), which reached dq, dk and a float mask's gradient.
-        empty = scores.isneginf().all(-1, keepdim=True)
-        weights = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
-        return weights @ v
+            scores = torch.cat([scores, sink], dim=-1)
+            out = torch.softmax(scores, dim=-1)[..., :-1] @ v
+        else:
+            # A row with no attendable key is 0/0 in softmax; the contract says zeros. Its scores are replaced before
+            # the softmax, not only its weights after: a softmax of -inf rows has NaN weights whose backward is NaN
+            # (times a zero upstream gradient), which reached dq, dk and a float mask's gradient.
+            empty = scores.isneginf().all(-1, keepdim=True)
+            out = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0) @ v
+        if not return_lse:
+            return out
+        # torch.logsumexp of a row of -inf is -inf: a row without keys (the sink's column counted where there is one)
+        return out, torch.logsumexp(scores.to(torch.float64 if q.dtype == torch.float64 else torch.float32), dim=-1)
+
+    @staticmethod
+    def merge_states(out, lse, *, learnable_sink=None):
+        """The running update of ring attention over the parts (ring-flash-attention's update_out_and_lse and
+        PyTorch's context-parallel merger), in float32, written with the maximum subtracted so that an empty running
+        state (lse -inf) takes the next part whole instead of NaN: lse = m + log(e^(lse_a - m) + e^(lse_b - m))."""
+        import torch
+
+        acc = torch.float64 if out.dtype == torch.float64 else torch.float32
+        merged, merged_lse = out[0].to(acc), lse[0].to(acc)
+        parts = [(out[p].to(acc), lse[p].to(acc)) for p in range(1, out.shape[0])]
+        if learnable_sink is not None:  # the sink as one more part: no value, its logit as lse
+            sink = learnable_sink.to(acc).reshape(1, -1, 1).expand_as(merged_lse)
+            parts.append((torch.zeros_like(merged), sink))
+        for part, part_lse in parts:
+            top = torch.maximum(merged_lse, part_lse)
+            top = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
+            mine, theirs = torch.exp(merged_lse - top), torch.exp(part_lse - top)
+            total = mine + theirs
+            found = total > 0
+            safe = torch.where(found, total, torch.ones_like(total))
+            # a part's value counts only where it weighs something: an empty state's out may hold anything
+            kept = mine[..., None] * torch.where(mine[..., None] > 0, merged, 0.0)
+            added = theirs[..., None] * torch.where(theirs[..., None] > 0, part, 0.0)
+            merged = torch.where(found[..., None], (kept + added) / safe[..., None],
+                                 torch.zeros_like(merged))
+            merged_lse = torch.where(found, top + torch.log(safe), torch.full_like(top, -torch.inf))
+        return merged.to(out.dtype), merged_lse.to(torch.float64 if acc == torch.float64 else torch.float32)
 
     @classmethod
     def multi_head_attention(cls, query, key, value, params, num_heads, mask=None, is_causal=False, *, window=None,
@@ -205,16 +238,14 @@ class TorchMultiheadAttentionModule:
             b = params.get("b_" + name)
             return torch.zeros(width, dtype=query.dtype, device=query.device) if b is None else b
 
-        with torch.no_grad():
-            if module._qkv_same_embed_dim:
-                module.in_proj_weight.copy_(torch.cat([w_q.T, w_k.T, w_v.T]))
-            else:
-                module.q_proj_weight.copy_(w_q.T)
-                module.k_proj_weight.copy_(w_k.T)
-                module.v_proj_weight.copy_(w_v.T)
-            module.in_proj_bias.copy_(torch.cat([bias("q", e), bias("k", e), bias("v", e)]))
-            module.out_proj.weight.copy_(w_o.T)
-            module.out_proj.bias.copy_(bias("o", e))
+        # The contract's parameters become the module's for this call (torch.func.functional_call), so that the
+        # module's forward runs on them and autograd reaches them (grad.mha), as training's optimizer sees them.
+        if module._qkv_same_embed_dim:
+            weights = {"in_proj_weight": torch.cat([w_q.T, w_k.T, w_v.T])}
+        else:
+            weights = {"q_proj_weight": w_q.T, "k_proj_weight": w_k.T, "v_proj_weight": w_v.T}
+        weights.update({"in_proj_bias": torch.cat([bias("q", e), bias("k", e), bias("v", e)]),
+                        "out_proj.weight": w_o.T, "out_proj.bias": bias("o", e)})
         b, lq, lk = query.shape[0], query.shape[1], key.shape[1]
         allowed = torch.ones(lq, lk, dtype=torch.bool, device=query.device)
         if is_causal:
@@ -226,7 +257,8 @@ class TorchMultiheadAttentionModule:
         else:
             bias_ = mask.masked_fill(~allowed, float("-inf"))
             attn_mask = bias_.expand(b, num_heads, lq, lk).reshape(b * num_heads, lq, lk)
-        out, _ = module(query, key, value, attn_mask=attn_mask, need_weights=False)
+        out, _ = torch.func.functional_call(module, weights, (query, key, value),
+                                            {"attn_mask": attn_mask, "need_weights": False})
         return out
 
 

@@ -132,7 +132,7 @@ class TorchFlexAttention:
     @classmethod
     def sdpa(cls, q, k, v, mask=None, is_causal=False, scale=None, *, window=None, softcap=None, alibi_slopes=None,
              query_offset=0, query_lengths=None, key_lengths=None, learnable_sink=None, sink_token_length=0,
-             attention_chunk=None, key_leftpad=None):
+             attention_chunk=None, key_leftpad=None, return_lse=False):
         # Every variant is flex's own: the causal band (offset), the window with its sink tokens, the chunk, key
         # lengths, the left padding and a boolean mask are one mask_mod (a BlockMask); softcap, ALiBi and a float
         # mask one score_mod, in the contract's order. The learnable sink, which is no key, rescales flex's output
@@ -156,7 +156,7 @@ class TorchFlexAttention:
                                         offset=int(query_offset), sink_tokens=int(sink_token_length),
                                         chunk=attention_chunk, **options)
         block_mask = None if mask_mod is None else cls._block_mask(mask_mod, b, hq, lq, lk, q.device)
-        if learnable_sink is None and not cls.ALWAYS_LSE:
+        if learnable_sink is None and not cls.ALWAYS_LSE and not return_lse:
             return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                enable_gqa=hq != k.shape[1])
         try:  # torch >= 2.9 asks for the log-sum-exp as an AuxRequest (return_lse is deprecated there)
@@ -168,10 +168,11 @@ class TorchFlexAttention:
             out, aux = cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                    enable_gqa=hq != k.shape[1], return_aux=AuxRequest(lse=True))
             lse = aux.lse
-        if learnable_sink is None:
-            return out
-        sink = sink_4d(learnable_sink, hq)[..., 0].to(device=lse.device, dtype=lse.dtype)  # (1, Hq, 1)
-        return (out * sink_factor(lse, sink)[..., None].to(out.dtype)).to(q.dtype)
+        if learnable_sink is not None:
+            sink = sink_4d(learnable_sink, hq)[..., 0].to(device=lse.device, dtype=lse.dtype)  # (1, Hq, 1)
+            out = (out * sink_factor(lse, sink)[..., None].to(out.dtype)).to(q.dtype)
+            lse = torch.logaddexp(lse, sink)  # flex's lse is the keys' alone: the sink's term counted once
+        return (out, lse.to(torch.float32)) if return_lse else out
 
 
 NEUTRAL_MASK_ELEMENTS = 2**22  # torch_flex_cpu: the largest neutral mask or bias it builds (4 M elements)
