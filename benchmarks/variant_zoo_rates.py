@@ -13,7 +13,7 @@ database, a new random seed):
 (the other fixtures pass no variant keyword; the ONNX-derived fixtures/onnx_attention_variants.yaml could only
 add rejections, so the rates here are a lower bound for the default run's.)
 
-The MHA-variant, variant-gradient, lse and merge members are narrowed to the modules that reach them (NARROWED
+The MHA-variant, variant-gradient, lse, merge, pair, softmax-axis and sequence-parallel members are narrowed to the modules that reach them (NARROWED
 below).
 
 Usage: python benchmarks/variant_zoo_rates.py [--runs 20] [--members broken_variant_window_top_left ...] [--full]
@@ -58,6 +58,8 @@ NARROWED = (
     ("broken_pair_", ("conformance/test_pairwise.py", "conformance/test_variants.py", "conformance/test_fixtures.py"),
      "variants_2026.yaml"),
     ("broken_softmax_axis", ("conformance/test_pairwise.py", "conformance/test_properties.py"), None),
+    # The sequence-parallel members have sdpa_sequence_parallel alone.
+    ("sequence_parallel_", ("conformance/test_sequence_parallel.py",), None),
     ("correct_merge_", ("conformance/test_merge_states.py",), None),
 )
 
