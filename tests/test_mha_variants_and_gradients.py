@@ -279,3 +279,36 @@ def test_a_saturated_softcap_keeps_its_slope_and_its_allowance():
     assert np.allclose(slope, 1.0 / np.cosh(t / cap) ** 2, rtol=1e-13, atol=0) and np.all(slope > 0)
     allowed = backward_allowed(q, k, v, d_out, None, False, None, "float64", softcap=cap)
     assert allowed["dq"][0, 0, 0].min() > 1e-40  # an implementation's rounding there is ~1e-16 * 1e-17
+
+
+def test_a_weight_underflowed_to_zero_keeps_its_bound_under_a_large_float_mask():
+    """A bfloat16 row whose scores (2000 apart) all carry a float mask of -1e9: the sum rounds them alike (spacing 4e6),
+    so torch's math path weighs keys whose exact weight is 0 equally. Its dq was off by 0.85 where a bound over the
+    keys with P > 0 allowed 0.55 (a false alarm of the thorough profile); every finite score counts."""
+    import ml_dtypes
+
+    from attention_conformance.conformance.judging.gradients import gradients
+
+    bf16 = ml_dtypes.bfloat16
+    q = np.array([[[[11.0625, 26.25, 10.5625, -41.75, 29.0, 14.3125], [-17.125, 18.625, 11.6875, 9.4375, 0.91015625,
+                                                                         17.5]],
+                   [[-23.625, -5.21875, -15.4375, 19.125, 1.2734375, -9.375], [-25.0, -8.25, 0.259765625, -8.8125,
+                                                                                41.5, 32.25]],
+                   [[-87.0, -60.5, -5.59375, -13.5, 6.84375, 6.96875], [68.0, -35.5, -12.0625, 65.5, 20.75, 21.25]],
+                   [[-16.5, -52.75, 5.34375, 3.484375, -39.25, -21.875], [-2.3125, -30.25, -3.140625, 3.0625,
+                                                                            1.140625, -16.25]]]]).astype(bf16)
+    k = np.array([[[[19.0, 28.5, 10.25, -26.125, 23.375, -16.0], [28.125, -34.25, 29.25, -0.640625, -40.0, -10.0625]],
+                   [[1.734375, 8.75, -31.375, -35.5, 6.375, -14.9375], [7.53125, 24.25, -52.75, 8.125, 39.25,
+                                                                        -9.5]]]]).astype(bf16)
+    v = np.array([[[[-0.8125], [0.75390625]], [[0.25390625], [0.89453125]]]]).astype(bf16)
+    mask = np.full((1, 1, 2, 2), -998244352.0).astype(bf16)
+    d_out = np.array([[[[0.10302734375], [-0.98046875]], [[-0.81640625], [-1.03125]], [[-0.57421875], [1.96875]],
+                       [[0.392578125], [-0.0023040771484375]]]]).astype(bf16)
+    got = gradients(load_implementation("builtin:torch_math"), {"q": q, "k": k, "v": v, "mask": mask}, d_out,
+                    device="cpu")
+    f64 = [x.astype(np.float64) for x in (q, k, v, d_out, mask)]
+    want = oracle_backward.sdpa_backward(f64[0], f64[1], f64[2], f64[3], f64[4])
+    allowed = backward_allowed(f64[0], f64[1], f64[2], f64[3], f64[4], False, None, "bfloat16")
+    assert np.max(np.abs(got["dq"] - want["dq"])) > 0.5  # the weights did move: the bound is what is tested
+    for name in ("dq", "dk", "dv", "dmask"):
+        assert np.all(np.abs(got[name] - want[name]) <= allowed[name]), name

@@ -165,7 +165,11 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
     group = hq // hkv
     lq, lk, dk_, dv_ = q64.shape[-2], k_rep.shape[-2], q64.shape[-1], v_rep.shape[-1]
     abs_sc = abs(sc)
-    attended = p > 0  # keys with a nonzero weight in exact arithmetic
+    # A key counts where its score is finite, not only where its float64 weight is > 0: a weight that underflows
+    # to 0 (a score 745 below the row's top) can become the largest once the scores are rounded (a 16-bit score
+    # offset by a float mask of -1e9 has a spacing of 4e6 there).
+    raw_scores = oracle.scores(q64, k_rep, mask, is_causal, scale, **variants)
+    attended = np.isfinite(raw_scores)
     given = {} if input_errors is None else {n: x for n, x in input_errors.items() if x is not None}
     err_q = np.broadcast_to(given["q"], q64.shape) if "q" in given else None
     err_k = oracle.repeat_kv_heads(np.broadcast_to(given["k"], np.shape(k)), hq) if "k" in given else None
@@ -185,7 +189,7 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
     underflow = eta * (1.0 + np.sum(np.abs(q64), axis=-1)[..., :, None] + np.sum(np.abs(k_rep), axis=-1)[..., None, :])
     # (and the softmax's own shift s - max(s) is rounded: u * |s_ij - m_i|, m_i the row's maximum, the sink's
     # logit included)
-    s = np.where(attended, oracle.scores(q64, k_rep, mask, is_causal, scale, **variants), 0.0)
+    s = np.where(attended, raw_scores, 0.0)
     top = np.max(np.where(attended, s, -np.inf), axis=-1, keepdims=True, initial=-np.inf)
     sink = a["sink"]
     if sink is not None:
@@ -216,16 +220,30 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
         column = np.broadcast_to(sink, p.shape[:-1] + (1,))
         sink_err = c["c_score"] * cv["c_sink"] * u * (np.abs(column) + np.abs(column - top))
         p = np.concatenate([p, a["p_sink"]], axis=-1)
-        attended = p > 0
+        s = np.concatenate([s, column], axis=-1)
+        attended = np.concatenate([attended, np.ones(column.shape, dtype=bool)], axis=-1)
         score_err = np.concatenate([np.broadcast_to(score_err, p.shape[:-1] + (lk,)), sink_err], axis=-1)
         a_abs = np.concatenate([a_abs, np.zeros(p.shape[:-1] + (1,))], axis=-1)
         centred = np.concatenate([centred, np.abs(np.broadcast_to(a["row"], p.shape[:-1] + (1,)))], axis=-1)
         keys = lk + 1
     # 2. weights: |dP_ij| <= P_ij (exp(D_ij + log sum_l P_il exp(D_il)) - 1), exact for |ds| <= D,
-    #    plus the rounding of exp and of the normalising sum over Lk keys; never more than 1.
-    d_capped = np.where(attended, np.minimum(score_err, 50.0), 0.0)
-    row_d = np.log(np.maximum(np.sum(p * np.exp(d_capped), axis=-1, keepdims=True), 1.0))
-    weight_err = np.minimum(1.0, p * (np.expm1(d_capped + row_d) + rounding(keys)) + c["c_out"] * eta * attended)
+    #    plus the rounding of exp and of the normalising sum over Lk keys; never more than 1. In log space
+    #    (log P_ij from the scores), so that a weight underflowed to 0 whose score may move by more than its gap to
+    #    the row's top keeps its bound.
+    d = np.where(attended, score_err, 0.0)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        top_of_row = np.max(np.where(attended, s, -np.inf), axis=-1, keepdims=True)
+        shifted = np.where(attended, s - np.where(np.isfinite(top_of_row), top_of_row, 0.0), -np.inf)
+        log_p = shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+        moved = np.where(attended, log_p + d, -np.inf)
+        moved_top = np.max(moved, axis=-1, keepdims=True)
+        row_d = np.maximum(np.where(np.isfinite(moved_top), moved_top + np.log(np.sum(
+            np.exp(moved - np.where(np.isfinite(moved_top), moved_top, 0.0)), axis=-1, keepdims=True)), 0.0), 0.0)
+        x = d + row_d
+        exact = p * (np.expm1(np.minimum(x, 700.0)) + rounding(keys))
+        beyond = np.exp(np.minimum(log_p + x, 0.0))  # p (e^x - 1) <= e^(log p + x): x > 700, or p underflowed
+        bound = np.where((x <= 700.0) & (p > 0), exact, np.where(attended, beyond, 0.0))
+    weight_err = np.minimum(1.0, bound + c["c_out"] * eta * attended)
     # 3. dP = dO V^T and the row term rowsum(dP * P) (= rowsum(dO * O))
     dp_err = c["c_acc"] * u * math.sqrt(dv_) * a_abs + c["c_out"] * eta
     if sink is not None and not np.isscalar(input_dp):  # the sink's column has no value: no input error there
