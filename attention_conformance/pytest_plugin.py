@@ -294,7 +294,48 @@ def pytest_cmdline_main(config):
 
 # ------------------------------------------------------------- hooks
 @pytest.hookimpl(tryfirst=True)
+def _value_options(parser) -> list[str]:
+    """The long names of this plugin's options that take a value (``--opt VALUE``)."""
+    group = parser.getgroup("attention-conformance")
+    return [name for option in group.options if option.attrs().get("action", "store") in ("store", "append")
+            for name in option.names() if name.startswith("--")]
+
+
+def _refuse_a_rootdir_taken_from_an_option_value(config) -> None:
+    """A UsageError where pytest took the value of one of this plugin's options for a test path when it chose the
+    rootdir (``--jax-compilation-cache /tmp/cache``: pytest reads its ini file before any plugin's options are
+    known, pytest-dev/pytest#8846), so that the run is not one of cryptic errors ("fixture 'impl' not found")."""
+    if hasattr(config, "workerinput"):
+        return
+    args = [str(a) for a in config.invocation_params.args]
+    base = Path(config.invocation_params.dir)
+    names = set(_value_options(config._parser))
+    taken = [(args[i - 1], value) for i, value in enumerate(args[1:], 1)
+             if args[i - 1] in names and not value.startswith("-") and (base / value).exists()]
+    if not taken:
+        return
+    try:  # the rootdir pytest chooses from the run's own test paths: pytest's function, its signature checked
+        import inspect
+
+        from _pytest.config.findpaths import determine_setup
+
+        options = {"inifile": config.option.inifilename, "args": [str(a) for a in config.option.file_or_dir or []],
+                   "rootdir_cmd_arg": config.option.rootdir or None, "invocation_dir": base,
+                   "override_ini": config.option.override_ini}
+        parameters = inspect.signature(determine_setup).parameters
+        expected = Path(determine_setup(**{k: v for k, v in options.items() if k in parameters})[0])
+    except Exception:  # another pytest: no verdict rather than a wrong one
+        return
+    if expected.resolve() != Path(config.rootpath).resolve():
+        name, value = taken[0]
+        raise pytest.UsageError(
+            f"{name} {value}: pytest took {value} for a test path when it chose the rootdir ({config.rootpath}, not "
+            f"{expected}), as it does with any plugin option's value written after a space "
+            f"(pytest-dev/pytest#8846); write {name}={value}")
+
+
 def pytest_configure(config):
+    _refuse_a_rootdir_taken_from_an_option_value(config)
     if not engaged(config):
         return
     from attention_conformance.conformance import plugin as support

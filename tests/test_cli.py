@@ -142,3 +142,20 @@ def test_raise_wrong_shape_wrong_dtype_and_nan_each_fail_their_own_case():
     assert "[sdpa.output-shape]" in out and "output shape" in out
     assert "[sdpa.output-dtype]" in out and "output dtype float64, expected float32" in out
     assert "[sdpa.finite]" in out or "[softmax.large-inputs]" in out
+
+
+def test_an_option_value_after_a_space_that_would_move_the_rootdir_is_a_usage_error(tmp_path):
+    """pytest chooses the rootdir before any plugin's options are known, so a bare `pytest --jax-compilation-cache
+    /elsewhere` takes /elsewhere for a test path: the rootdir, the ini file and the suite would be lost."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--collect-only"]
+    done = subprocess.run([*command, "--jax-compilation-cache", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 4, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"write --jax-compilation-cache={tmp_path}" in done.stderr
+    done = subprocess.run([*command, f"--jax-compilation-cache={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "tests collected" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    inside = ROOT / "conformance"  # a value inside the checkout leaves the rootdir where it was
+    done = subprocess.run([*command, "--jax-compilation-cache", str(inside), "-k", "nothing_at_all"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 5, done.stdout[-2000:] + done.stderr[-2000:]
