@@ -292,8 +292,6 @@ def pytest_cmdline_main(config):
         config.option.dist = "worksteal"
 
 
-# ------------------------------------------------------------- hooks
-@pytest.hookimpl(tryfirst=True)
 def _value_options(parser) -> list[str]:
     """The long names of this plugin's options that take a value (``--opt VALUE``)."""
     group = parser.getgroup("attention-conformance")
@@ -334,6 +332,8 @@ def _refuse_a_rootdir_taken_from_an_option_value(config) -> None:
             f"(pytest-dev/pytest#8846); write {name}={value}")
 
 
+# ------------------------------------------------------------- hooks
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     _refuse_a_rootdir_taken_from_an_option_value(config)
     if not engaged(config):
