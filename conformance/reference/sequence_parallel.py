@@ -34,22 +34,6 @@ def attention(inputs: dict) -> oracle.Attention:
     return oracle.attention(inputs["q"], inputs["k"], inputs["v"], **options(inputs))
 
 
-def gathered_lse(att: oracle.Attention) -> np.ndarray:
-    """(B, Hq, L): the natural log of each row's softmax denominator, sum_j exp(s_ij) over the attended keys plus
-    the learnable sink's exp(sigma_h): log Z = m + log sum_j exp(s_ij - m), m the row's largest term. A row with
-    nothing in its denominator: -inf."""
-    s = att.scores
-    top = np.max(s, axis=-1, keepdims=True)
-    if att.sink is not None:
-        top = np.maximum(top, att.sink)
-    shift = np.where(np.isneginf(top), 0.0, top)
-    total = np.sum(np.exp(s - shift), axis=-1, keepdims=True)
-    if att.sink is not None:
-        total = total + np.exp(att.sink - shift)
-    with np.errstate(divide="ignore"):
-        return (shift + np.log(total))[..., 0]
-
-
 def gradients(inputs: dict) -> dict[str, np.ndarray]:
     """dq, dk, dv (and dsink) of sum(out * d_out) + sum(lse * d_lse) (d_lse absent: 0): the analytic backward of
     conformance/reference/backward.py for d_out, plus the lse's own term, d lse_i / d s_ij = P_ij, which adds
