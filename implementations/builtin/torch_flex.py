@@ -175,19 +175,17 @@ class TorchFlexAttention:
         return (out, lse.to(torch.float32)) if return_lse else out
 
 
-NEUTRAL_MASK_ELEMENTS = 2**22  # torch_flex_cpu: the largest neutral mask or bias it builds (4 M elements)
-
-
 class TorchFlexAttentionCPU(TorchFlexAttention):
     """flex_attention on the CPU, eager (unfused): the framework path that expresses every variant on a CPU.
 
     Measured on the 2-core CI-like CPU (torch 2.13, benchmarks/variant_probe.py, machine shared): under
-    torch.compile the first call of each new shape takes 15-45 s (inductor's C++ backend), then 16-31 ms; eager
-    takes 0.8-1.2 s for its first call and 20-120 ms a call after (flex traces the mods on every call), against
-    under 10 ms for torch_sdpa. So the CPU built-in runs eager, and is marked COMPILED: a per-call cost of a
-    compile's order earns a compiling implementation's reduced example budget (a tenth; the full default
-    budget took 9 min for this built-in alone in float32). It checks flex's semantics (the same
-    mask_mod/score_mod as torch_flex), not its fused kernel. float32 only: each dtype adds every fixture again.
+    torch.compile the first call of each new shape takes 15-45 s (inductor's C++ backend), then 16-31 ms. Eager, flex
+    calls its dense path (torch/_higher_order_ops/flex_attention.py, math_attention: the mods applied to every score)
+    with the mods as written, under flex's documented debug switch (_flex below): no dynamo trace. It is marked
+    COMPILED all the same: a call of 10-20 ms, against under 1 ms for torch_sdpa on the property shapes, earns a
+    compiling implementation's reduced example budget (a tenth; the full default budget took 9 min for this built-in
+    alone in float32). It checks flex's semantics (the same mask_mod/score_mod as torch_flex), not its fused kernel.
+    float32 only: each dtype adds every fixture again.
     GRADIENTS = False: flex has no backward on the CPU ("FlexAttention does not support backward on CPU",
     torch 2.13), so the gradient tests do not apply to it.
     """
@@ -198,86 +196,31 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
     COMPILED = True
     GRADIENTS = False
     SUPPORTS = {}
-    ALWAYS_LSE = True  # one structure of call for dynamo with and without a sink (_mods)
 
     @classmethod
     def _flex(cls):
         import warnings
 
-        import torch._dynamo
-        import torch.fx.experimental._config as fx_config
-        from torch.nn.attention.flex_attention import flex_attention
+        import torch.nn.attention.flex_attention as flex_module
 
         def eager(*args, **kwargs):
-            # Eager flex still traces its call with dynamo (backend "eager"), once per new guard set. Shapes
-            # dynamic from the first call, no 0/1 specialisation and no duck sizing (two sizes that happen to be
-            # equal are not guarded equal): 104 -> 43 traces of 0.2 s in a default run, then 16 -> 4 over its sdpa
-            # tests in one process (with ALWAYS_LSE), 8 with sdpa_varlen and sdpa_paged. The traced graph calls the
-            # same aten ops on the same tensors, so what is judged does not change; the patches are scoped to this
-            # call.
-            with warnings.catch_warnings(), torch._dynamo.config.patch(assume_static_by_default=False), \
-                    fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
-                # "flex_attention called without torch.compile()": intended here (see the class docstring).
-                warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-                return flex_attention(*args, **kwargs)
+            # Without the switch, eager flex traced each call with dynamo (backend "eager"), once per new structure of
+            # its mods (0.2-0.5 s a trace; 13 traces and half of this built-in's 24 s of CPU over its tests in one
+            # process, torch 2.13, 2026-11-28). With it, flex calls its dense path directly: the same aten ops on the
+            # same tensors, so what is judged does not change (all 596 distinct calls of those tests, sdpa, varlen,
+            # paged and the log-sum-exp, bit for bit the same both ways). Scoped to this call; a torch without the
+            # switch traces as before.
+            switch = getattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False)
+            flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+            try:
+                with warnings.catch_warnings():
+                    # "flex_attention called without torch.compile()": intended here (see the class docstring).
+                    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+                    return flex_module.flex_attention(*args, **kwargs)
+            finally:
+                flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = switch
 
         return eager
-
-    @staticmethod
-    def _mods(q, b, hq, lq, lk, *, is_causal, window, softcap, offset, sink_tokens, chunk, keep=None, bias=None,
-              lengths=None, slopes=None, pads=None):
-        """The same modifications with one structure whatever the options: each option is a tensor, neutral where
-        the case does not use it (a window edge beyond every distance, key lengths Lk, no padding, a bias of 0,
-        ...). Dynamo traces eager flex once per structure of its call (the mods' closures' None-ness and Python
-        values, a block mask or none, the log-sum-exp asked or not are guarded), so the options' 2^11 structures
-        cost a trace each (0.2-1 s; 40-80 a default run); with this (and the log-sum-exp always asked for), one per
-        {mask_mod, score_mod} present. A mod is left out where the case has nothing for it: its neutral mask or bias
-        gathered at every score cost more than the two traces it saves (torch_flex_cpu's tests, one process: 31 s
-        with both mods always, 16-18 s without). Exactly the same values: x + 0 and x - 0 * d are x, and a where()
-        picks softcap's tanh only where it is asked for."""
-        import torch
-
-        device, whole = q.device, dict(dtype=torch.int64, device=q.device)
-        uses_mask = is_causal or keep is not None or window is not None or lengths is not None or chunk is not None \
-            or pads is not None
-        uses_scores = softcap is not None or slopes is not None or bias is not None
-        if b * hq * lq * lk > NEUTRAL_MASK_ELEMENTS:  # no neutral (B, H, Lq, Lk) mask or bias for a large shape
-            return TorchFlexAttention._mods(q, b, hq, lq, lk, is_causal=is_causal, window=window, softcap=softcap,
-                                            offset=offset, sink_tokens=sink_tokens, chunk=chunk, keep=keep,
-                                            bias=bias, lengths=lengths, slopes=slopes, pads=pads)
-        beyond = lq + lk + abs(offset) + 1  # farther than any query from any key
-        left, right = (window if window is not None else (None, None))
-        left = torch.tensor(beyond if left is None else int(left), **whole)
-        right = torch.tensor(beyond if right is None else int(right), **whole)
-        causal = torch.tensor(bool(is_causal), device=device)
-        chunked = torch.tensor(chunk is not None, device=device)
-        chunk = torch.tensor(1 if chunk is None else int(chunk), **whole)
-        offset = torch.tensor(int(offset), **whole)
-        sink_tokens = torch.tensor(int(sink_tokens), **whole)
-        pads = torch.zeros(b, **whole) if pads is None else pads
-        lengths = torch.full((b,), lk, **whole) if lengths is None else lengths
-        # Contiguous like a given mask (an expanded one has other strides, which dynamo guards too).
-        keep = torch.ones((b, hq, lq, lk), dtype=torch.bool, device=device) if keep is None and uses_mask else keep
-        capped = torch.tensor(softcap is not None, device=device)
-        cap = torch.tensor(1.0 if softcap is None else float(softcap), dtype=q.dtype, device=device)
-        slopes = torch.zeros((b, hq), dtype=q.dtype, device=device) if slopes is None else slopes
-        bias = torch.zeros((b, hq, lq, lk), dtype=q.dtype, device=device) if bias is None and uses_scores else bias
-
-        def mask_mod(bi, h, qi, ki):
-            p, j = qi + offset - pads[bi], ki - pads[bi]
-            allowed = (j <= p) | ~causal
-            allowed = allowed & ((j >= p - left) | ((j >= 0) & (j < sink_tokens)))
-            allowed = allowed & (j <= p + right)
-            same_chunk = torch.div(j, chunk, rounding_mode="floor") == torch.div(p, chunk, rounding_mode="floor")
-            allowed = allowed & (same_chunk | ~chunked)
-            return allowed & (j >= 0) & (ki < lengths[bi]) & keep[bi, h, qi, ki]
-
-        def score_mod(score, bi, h, qi, ki):
-            score = torch.where(capped, torch.tanh(score / cap) * cap, score)
-            score = score - slopes[bi, h] * (qi + offset - ki).abs()
-            return score + bias[bi, h, qi, ki]
-
-        return (mask_mod if uses_mask else None), (score_mod if uses_scores else None)
 
     @staticmethod
     def _block_mask(mask_mod, b, h, lq, lk, device, block: int = 128):
@@ -305,7 +248,7 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
     # for sdpa_paged (torch/nn/attention/experimental/_paged_attention.py: a logical BlockMask converted to the
     # physical pages of the cache, whose mask_mod and score_mod map each physical key back to its logical position
     # and mask the slots past seqused_k). Each has one structure of mods whatever the options (every option a tensor,
-    # neutral where unused), as _mods above, so eager flex traces it once.
+    # neutral where unused).
     @staticmethod
     def _sequence_mods(device, dtype, is_causal, window, softcap):
         """The band, window and softcap of a sequence's positions as tensors (neutral where unused)."""
@@ -366,7 +309,7 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
 
         total_q, total_k = q.shape[0], k.shape[0]
         block_mask = cls._block_mask(document, 1, None, total_q, total_k, device)
-        # (1, H, total, D), contiguous: a transposed view's strides change with the total, each a new dynamo trace.
+        # (1, H, total, D), contiguous, as flex takes its inputs.
         heads_first = [x.transpose(0, 1)[None].contiguous() for x in (q, k, v)]
         out = cls._with_sink(*heads_first, block_mask, score_mod, scale, learnable_sink, hq)
         return out[0].transpose(0, 1).contiguous()
