@@ -172,6 +172,32 @@ def test_flex_compiled_takes_a_new_softcap_without_recompiling_into_an_error(mon
         assert np.all(np.abs(got.numpy().astype(np.float64) - want) <= allowed), cap
 
 
+def test_flex_on_the_cpu_traces_nothing_and_leaves_flex_s_switch_as_it_was():
+    """torch_flex_cpu calls flex's dense path under flex's debug switch: no dynamo trace for a new structure of its
+    mods (13 traces of 0.27-0.54 s, half its CPU, before), the switch restored after the call, the result the
+    oracle's."""
+    torch = pytest.importorskip("torch")
+    flex_module = pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch._dynamo.utils import counters
+
+    from attention_conformance.implementations.builtin.torch_flex import TorchFlexAttentionCPU
+
+    before = flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    traces = counters["stats"]["unique_graphs"]
+    q, k, v, mask = make_case(2, 4, 2, 7, 9, 8, 8, mask="bool")
+    as_torch = torch.from_numpy
+    for options in ({}, {"is_causal": True, "softcap": 5.0}, {"window": (2, 1), "alibi_slopes": as_torch(
+            np.float32([0.5, 0.25, 0.125, 0.0625]))}):
+        got = TorchFlexAttentionCPU.sdpa(as_torch(q), as_torch(k), as_torch(v), as_torch(mask), **options)
+        options = {name: value.numpy() if hasattr(value, "numpy") else value for name, value in options.items()}
+        causal = options.pop("is_causal", False)
+        want = oracle.sdpa(q, k, v, mask, causal, None, **options)
+        allowed = tolerances.sdpa_allowed(q, k, v, mask, causal, None, "float32", **options)
+        assert np.all(np.abs(got.numpy().astype(np.float64) - want) <= allowed)
+    assert counters["stats"]["unique_graphs"] == traces
+    assert flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG == before
+
+
 def test_a_pinned_torch_kernel_refusal_is_unsupported_with_torch_s_own_reason():
     """torch refuses a pinned SDPA kernel with "No available kernel" and says why in UserWarnings (16,251 of them
     in the H200 run): the case is unsupported with the first specific reason, and no warning escapes. On a CPU,
