@@ -30,6 +30,7 @@ def clean_environment(monkeypatch):
                      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.delitem(sys.modules, "jax", raising=False)  # this worker's JAX keeps its own settings
     return monkeypatch
 
 
@@ -79,6 +80,21 @@ def test_without_pytests_cache_the_jax_cache_lives_under_the_rootdir(clean_envir
     clean_environment.delenv("JAX_COMPILATION_CACHE_DIR")
     plugin.share_jax_compilations(fake_config(cache="cache/jax-here"))
     assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(Path("/repo/cache/jax-here"))
+
+
+def test_a_jax_imported_before_the_session_is_pointed_at_the_cache_too(clean_environment, tmp_path):
+    """A conftest.py or a plugin that imports JAX at its top does so before the session starts, when JAX reads the
+    variables: its configuration is updated as well (else the cache was off for the whole process)."""
+    updates = {}
+    clean_environment.setitem(sys.modules, "jax", SimpleNamespace(config=SimpleNamespace(update=updates.__setitem__)))
+    clean_environment.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "4096")  # the user's own, kept
+    plugin.share_jax_compilations(fake_config(cache=str(tmp_path / "jax")))
+    assert updates == {"jax_compilation_cache_dir": str(tmp_path / "jax"),
+                       "jax_persistent_cache_min_compile_time_secs": 0.0,
+                       "jax_persistent_cache_min_entry_size_bytes": 4096}
+    updates.clear()
+    plugin.share_jax_compilations(fake_config(cache="off"))
+    assert updates == {}
 
 
 @pytest.mark.parametrize("cache, preset", [("off", None), ("auto", "/mine")])
