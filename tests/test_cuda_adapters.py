@@ -161,15 +161,18 @@ def test_flex_compiled_takes_a_new_softcap_without_recompiling_into_an_error(mon
     from attention_conformance.implementations.builtin.torch_flex import TorchFlexAttention
 
     monkeypatch.setattr(TorchFlexAttention, "_compiled", None)  # a fresh torch.compile, given back afterwards
-    for name in ("recompile_limit", "accumulated_recompile_limit"):  # which TorchFlexAttention._flex raises
-        monkeypatch.setattr(torch._dynamo.config, name, getattr(torch._dynamo.config, name))
+    # The limits TorchFlexAttention._flex raises, put back by dynamo's own patch: monkeypatch's undo deletes a
+    # config module's attribute, which torch then reports as not existing to every later flex call in the process.
+    limits = {name: getattr(torch._dynamo.config, name) for name in ("recompile_limit", "accumulated_recompile_limit")}
     as_torch = torch.from_numpy
-    for cap, length in ((30.0, 16), (20.0, 32), (7.0, 48)):
-        q, k, v, _ = make_case(1, 2, 2, length, length, 16, 16)
-        got = TorchFlexAttention.sdpa(as_torch(q), as_torch(k), as_torch(v), softcap=cap)
-        want = oracle.sdpa(q, k, v, None, False, None, softcap=cap)
-        allowed = tolerances.sdpa_allowed(q, k, v, None, False, None, "float32", softcap=cap)
-        assert np.all(np.abs(got.numpy().astype(np.float64) - want) <= allowed), cap
+    with torch._dynamo.config.patch(**limits):
+        for cap, length in ((30.0, 16), (20.0, 32), (7.0, 48)):
+            q, k, v, _ = make_case(1, 2, 2, length, length, 16, 16)
+            got = TorchFlexAttention.sdpa(as_torch(q), as_torch(k), as_torch(v), softcap=cap)
+            want = oracle.sdpa(q, k, v, None, False, None, softcap=cap)
+            allowed = tolerances.sdpa_allowed(q, k, v, None, False, None, "float32", softcap=cap)
+            assert np.all(np.abs(got.numpy().astype(np.float64) - want) <= allowed), cap
+    assert {name: getattr(torch._dynamo.config, name) for name in limits} == limits
 
 
 def test_flex_on_the_cpu_traces_nothing_and_leaves_flex_s_switch_as_it_was():
