@@ -43,7 +43,6 @@ class TorchFlexAttention:
     # compiles of two backwards (softcap, learnable sink; Lq 65, Lk 64) ran past the 120 s call limit, after which 86
     # cases of that worker failed uncalled.
     SUPPORTS = {"head_dims": {"min": 16, "max": 128}}
-    ALWAYS_LSE = False  # ask flex for the log-sum-exp only where a learnable sink needs it
     _compiled = None
     # H200, torch 2.11+cu130, 16 workers on 16 cores (2026-11-27): compiling the float32 kernel at Dk 256 (Lq = Lk =
     # 65) and at Dk 192 (Lq 1, Lk 256) was still in Triton's make_llir after 85 s and 120 s; in the next run one at
@@ -156,7 +155,7 @@ class TorchFlexAttention:
                                         offset=int(query_offset), sink_tokens=int(sink_token_length),
                                         chunk=attention_chunk, **options)
         block_mask = None if mask_mod is None else cls._block_mask(mask_mod, b, hq, lq, lk, q.device)
-        if learnable_sink is None and not cls.ALWAYS_LSE and not return_lse:
+        if learnable_sink is None and not return_lse:  # the log-sum-exp only where it is asked or a sink needs it
             return cls._flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                                enable_gqa=hq != k.shape[1])
         try:  # torch >= 2.9 asks for the log-sum-exp as an AuxRequest (return_lse is deprecated there)
@@ -247,45 +246,36 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
     # a key only for a query of the same sequence, on per-row sequence ids and positions), and torch's PagedAttention
     # for sdpa_paged (torch/nn/attention/experimental/_paged_attention.py: a logical BlockMask converted to the
     # physical pages of the cache, whose mask_mod and score_mod map each physical key back to its logical position
-    # and mask the slots past seqused_k). Each has one structure of mods whatever the options (every option a tensor,
-    # neutral where unused).
+    # and mask the slots past seqused_k).
     @staticmethod
-    def _sequence_mods(device, dtype, is_causal, window, softcap):
-        """The band, window and softcap of a sequence's positions as tensors (neutral where unused)."""
-        import torch
-
-        whole = dict(dtype=torch.int64, device=device)
-        beyond = 1 << 30
+    def _keep(allowed, p, j, is_causal, window):
+        """``allowed`` where query position p also keeps key position j (tensors) by the causal band and the window."""
+        if is_causal:
+            allowed = allowed & (j <= p)
         left, right = window if window is not None else (None, None)
-        return dict(causal=torch.tensor(bool(is_causal), device=device),
-                    left=torch.tensor(beyond if left is None else int(left), **whole),
-                    right=torch.tensor(beyond if right is None else int(right), **whole),
-                    capped=torch.tensor(softcap is not None, device=device),
-                    cap=torch.tensor(1.0 if softcap is None else float(softcap), dtype=dtype, device=device))
+        if left is not None:
+            allowed = allowed & (j >= p - int(left))
+        if right is not None:
+            allowed = allowed & (j <= p + int(right))
+        return allowed
 
     @staticmethod
-    def _keep(o, p, j):
-        """Whether query position p keeps key position j (tensors), by the band and the window in ``o``."""
-        return ((j <= p) | ~o["causal"]) & (j >= p - o["left"]) & (j <= p + o["right"])
-
-    @staticmethod
-    def _capped(o, score):
+    def _capped(score, cap):
+        """softcap's cap * tanh(score / cap); ``cap`` a 0-d tensor of the score's dtype, or None."""
         import torch
 
-        return torch.where(o["capped"], torch.tanh(score / o["cap"]) * o["cap"], score)
+        return score if cap is None else torch.tanh(score / cap) * cap
 
     @classmethod
     def _with_sink(cls, q, k, v, block_mask, score_mod, scale, learnable_sink, hq: int):
         """flex's output, rescaled by its log-sum-exp for a learnable sink as the sdpa path does."""
 
         kwargs = dict(score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=hq != k.shape[1])
-        if learnable_sink is None and not cls.ALWAYS_LSE:
+        if learnable_sink is None:
             return cls._flex()(q, k, v, **kwargs)
         from torch.nn.attention.flex_attention import AuxRequest
 
         out, aux = cls._flex()(q, k, v, return_aux=AuxRequest(lse=True), **kwargs)
-        if learnable_sink is None:
-            return out
         sink = sink_4d(learnable_sink, hq)[..., 0].to(device=aux.lse.device, dtype=aux.lse.dtype)
         return (out * sink_factor(aux.lse, sink)[..., None].to(out.dtype)).to(q.dtype)
 
@@ -299,13 +289,14 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
         query_seq, query_position, key_seq, key_position, used = rows
         slopes = torch.as_tensor(per_row_slopes(alibi_slopes, rows[0].cpu().numpy(), hq), dtype=q.dtype,
                                  device=device)  # (Hq, total_q)
-        o = cls._sequence_mods(device, q.dtype, is_causal, window, softcap)
+        cap = None if softcap is None else torch.tensor(float(softcap), dtype=q.dtype, device=device)
 
         def document(bi, h, qi, ki):  # a key counts for a query of its own sequence only
-            return (query_seq[qi] == key_seq[ki]) & used[ki] & cls._keep(o, query_position[qi], key_position[ki])
+            return cls._keep((query_seq[qi] == key_seq[ki]) & used[ki], query_position[qi], key_position[ki],
+                             is_causal, window)
 
         def score_mod(score, bi, h, qi, ki):
-            return cls._capped(o, score) - slopes[h, qi] * (query_position[qi] - key_position[ki]).abs()
+            return cls._capped(score, cap) - slopes[h, qi] * (query_position[qi] - key_position[ki]).abs()
 
         total_q, total_k = q.shape[0], k.shape[0]
         block_mask = cls._block_mask(document, 1, None, total_q, total_k, device)
@@ -332,13 +323,13 @@ class TorchFlexAttentionCPU(TorchFlexAttention):
         offset = lengths - lq  # bottom-right: query row i at i + seqused_k[b] - Lq
         slopes = torch.zeros((b, hq), dtype=q.dtype, device=device) if alibi_slopes is None \
             else slopes_4d(alibi_slopes, hq)[..., 0, 0].to(q.dtype).expand(b, hq)
-        o = cls._sequence_mods(device, q.dtype, is_causal, window, softcap)
+        cap = None if softcap is None else torch.tensor(float(softcap), dtype=q.dtype, device=device)
 
         def logical(bi, h, qi, ki):
-            return cls._keep(o, qi + offset[bi], ki)
+            return cls._keep(ki >= 0, qi + offset[bi], ki, is_causal, window)
 
         def score_mod(score, bi, h, qi, ki):
-            return cls._capped(o, score) - slopes[bi, h] * (qi + offset[bi] - ki).abs()
+            return cls._capped(score, cap) - slopes[bi, h] * (qi + offset[bi] - ki).abs()
 
         logical_mask = create_block_mask(logical, b, None, lq, table.shape[1] * block, device=device,
                                          BLOCK_SIZE=(128, block))
