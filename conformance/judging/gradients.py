@@ -31,6 +31,7 @@ from attention_conformance.conformance.reference import backward as oracle_backw
 from attention_conformance.conformance.reference import oracle
 from attention_conformance.conformance.reference.tolerances import (
     model,
+    moved_weight_bound,
     smallest_normal,
     tf32_unit_roundoff,
     unit_roundoff,
@@ -232,18 +233,14 @@ def backward_allowed(q, k, v, d_out, mask, is_causal, scale, dtype: str, constan
     #    the row's top keeps its bound.
     d = np.where(attended, score_err, 0.0)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        top_of_row = np.max(np.where(attended, s, -np.inf), axis=-1, keepdims=True)
-        shifted = np.where(attended, s - np.where(np.isfinite(top_of_row), top_of_row, 0.0), -np.inf)
+        shifted = np.where(attended, s - np.where(np.isfinite(top), top, 0.0), -np.inf)  # top: the sink's included
         log_p = shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
         moved = np.where(attended, log_p + d, -np.inf)
         moved_top = np.max(moved, axis=-1, keepdims=True)
         row_d = np.maximum(np.where(np.isfinite(moved_top), moved_top + np.log(np.sum(
             np.exp(moved - np.where(np.isfinite(moved_top), moved_top, 0.0)), axis=-1, keepdims=True)), 0.0), 0.0)
-        x = d + row_d
-        exact = p * (np.expm1(np.minimum(x, 700.0)) + rounding(keys))
-        beyond = np.exp(np.minimum(log_p + x, 0.0))  # p (e^x - 1) <= e^(log p + x): x > 700, or p underflowed
-        bound = np.where((x <= 700.0) & (p > 0), exact, np.where(attended, beyond, 0.0))
-    weight_err = np.minimum(1.0, bound + c["c_out"] * eta * attended)
+    weight_err = np.minimum(1.0, moved_weight_bound(p, log_p, d + row_d, attended, rounding(keys))
+                            + c["c_out"] * eta * attended)
     # 3. dP = dO V^T and the row term rowsum(dP * P) (= rowsum(dO * O))
     dp_err = c["c_acc"] * u * math.sqrt(dv_) * a_abs + c["c_out"] * eta
     if sink is not None and not np.isscalar(input_dp):  # the sink's column has no value: no input error there

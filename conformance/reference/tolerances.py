@@ -367,6 +367,18 @@ def _sixteen_bit_scores(att: oracle.Attention, u: float, dq=None, dk=None, u_acc
     return attended, log_p, p, np.where(attended, delta + keys_delta, 0.0)
 
 
+def moved_weight_bound(p: np.ndarray, log_p: np.ndarray, x: np.ndarray, attended: np.ndarray,
+                       rounding: float | np.ndarray = 0.0) -> np.ndarray:
+    """p (e^x - 1 + rounding): how far a weight p = e^(log p) moves when its score and its row's normaliser move by x
+    in all (the 16-bit forward and the backward's weights). In log space where that overflows: e^(log p + x), at most
+    1, where x > 700 or p underflowed to 0 (a weight of 1e-300 whose score may move by 4e6 can become the largest);
+    0 on keys not attended."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = p * (np.expm1(np.minimum(x, 700.0)) + rounding)
+        beyond = np.exp(np.minimum(log_p + x, 0.0))
+    return np.where((x <= 700.0) & (p > 0), exact, np.where(attended, beyond, 0.0))
+
+
 def _sdpa16_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_acc=None):
     """Allowed error per output element (B, Hq, Lq, Dv) of a 16-bit sdpa (spec/tolerances.yaml, sixteen_bit).
 
@@ -399,11 +411,7 @@ def _sdpa16_terms(att: oracle.Attention, u: float, dq=None, dk=None, dv=None, u_
         small = np.where(attended, np.exp(np.minimum(log_p + log_expm1 + total, 710.0)), 0.0)  # > 1: bound unused
         top = np.max(delta, axis=-1, keepdims=True)
         log_z = top + np.log(np.maximum(np.sum(np.exp(log_p + delta - top), axis=-1, keepdims=True), 1e-300))
-        x = delta + log_z
-        exact = p * np.expm1(np.minimum(x, 700.0))
-        # x > 700, or p underflowed to 0: p (e^x - 1) <= e^(log p + x)
-        beyond = np.exp(np.minimum(log_p + x, 0.0))
-        large = np.where(attended, np.minimum(1.0, np.where((x <= 700.0) & (p > 0), exact, beyond)), 0.0)
+        large = np.where(attended, np.minimum(1.0, moved_weight_bound(p, log_p, delta + log_z, attended)), 0.0)
 
     v_squared, v_abs = v * v, np.abs(v)
 
