@@ -13,7 +13,7 @@ DTYPES = base.DTYPES
 
 
 def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, alibi_slopes=None):
-    hq, hkv = np.shape(q)[1], np.shape(k)[1]
+    hkv = np.shape(k)[1]
 
     def alibi(slopes, heads, lq, lk, query_offset):
         rows = ref.as64(slopes).reshape(-1, heads)

@@ -88,7 +88,6 @@ class TorchFlexAttention:
         # cannot take (torch 2.11 on an H200 and 2.13 on a CPU: "LoweringException: RuntimeError:
         # unbacked_bindings" from the second value on; a captured tensor compiles once and is reused).
         cap = None if softcap is None else torch.tensor(float(softcap), dtype=torch.float32, device=q.device)
-        mask_mod = score_mod = None
         if is_causal or keep is not None or window is not None or lengths is not None or chunk is not None \
                 or pads is not None:
             def mask_mod(bi, h, qi, ki):
@@ -109,6 +108,8 @@ class TorchFlexAttention:
                 if lengths is not None:
                     allowed = allowed & (ki < lengths[bi])
                 return allowed & keep[bi, h, qi, ki] if keep is not None else allowed
+        else:
+            mask_mod = None
 
         if softcap is not None or slopes is not None or bias is not None:
             def score_mod(score, bi, h, qi, ki):
@@ -119,6 +120,8 @@ class TorchFlexAttention:
                 if bias is not None:
                     score = score + bias[bi, h, qi, ki]
                 return score
+        else:
+            score_mod = None
         return mask_mod, score_mod
 
     @staticmethod
