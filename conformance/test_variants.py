@@ -158,7 +158,8 @@ def test_learnable_sink_joins_after_the_other_variants(impl, device, dtype, case
     check(impl, device, dtype, case)
 
 
-@property_test(covering_set="brief", requires=needs_keywords("sink_token_length", "window"))
+@property_test(covering_set="brief", kernel_corners=UNLESS_COMPILED, requires=needs_keywords("sink_token_length",
+                                                                                             "window"))
 @sdpa_op
 @given(case=sink_chunk_leftpad_cases(features=("sink_token_length",), variants=("window",), optional=("query_offset",),
                                      clauses=("sdpa.sink-tokens",), mask_kinds=("none", "key-padding")))

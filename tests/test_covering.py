@@ -433,3 +433,49 @@ def test_an_outlier_channel_case_of_a_kernel_region_stays_inside_float16(head_di
         assert q.shape[-1] == head_dims[0], case.label
         scaled = np.abs(q @ np.swapaxes(oracle.repeat_kv_heads(k, q.shape[1]), -1, -2)) * q.shape[-1] ** -0.5
         assert scaled_past < scaled.max() <= OUTLIER_SCALED_SCORE * 1.01, case.label
+
+
+@pytest.mark.parametrize("op", ["sdpa_varlen", "sdpa_paged"])
+def test_every_brief_set_holds_a_sequence_past_two_key_blocks(op):
+    """A varlen kernel that dropped the last Lk % 64 keys of a sequence past 64, and a paged one that read its block
+    table modulo 16 entries, passed default runs whose sequences stayed within 17 keys and 10 pages: the first corner
+    of every brief set (compiling or not) packs a sequence of more than 128 queries and keys, Lk not a multiple of 64,
+    and the paged one spreads its cache over more than 32 pages."""
+    assert properties.BRIEF_CORNERS[0] == properties.BRIEF_CORNERS_COMPILED[0]
+    strategy = (sequences.varlen_cases if op == "sdpa_varlen" else sequences.paged_cases)(clauses=("varlen.definition",))
+    [case] = [case for hints, case in corner_cases(EVERYTHING, strategy, with_hints=True)
+              if hints["index"] == properties.BRIEF_CORNERS[0]]
+    per_sequence = oracle.sequence_cases(op, case.inputs)
+    lk = max(one["k"].shape[2] for one in per_sequence)
+    assert lk > 128 and lk % 64
+    if op == "sdpa_varlen":
+        assert max(one["q"].shape[2] for one in per_sequence) > 128
+    else:
+        pages = -(-np.asarray(case.inputs["seqused_k"]) // case.inputs["k_cache"].shape[1])
+        assert pages.max() > 32
+
+
+def test_the_sink_token_corners_leave_the_first_key_block_behind_every_rows_window():
+    """A tiled kernel that skipped the key blocks left of a window, the sink tokens' block with them, passed 11 of 12
+    default runs: at each kernel-shaped corner of test_sink_tokens the window's left edge and the offset leave the
+    whole first key block of 64 left of every row's window, with a sink token in it."""
+    from attention_conformance.conformance.test_variants import test_sink_tokens
+
+    assert test_sink_tokens.kernel_corners == properties.UNLESS_COMPILED
+    strategy = variants.sink_chunk_leftpad_cases(features=("sink_token_length",), variants=("window",),
+                                                 optional=("query_offset",), clauses=("sdpa.sink-tokens",),
+                                                 mask_kinds=("none", "key-padding"))
+    kernel_shaped = 0
+    with drawing_inside(EVERYTHING):
+        for hints in properties.covering_corners(None, EVERYTHING, "brief", properties.UNLESS_COMPILED):
+            with covering.building(hints):
+                case = covering.DeterministicDraw(hints["index"])(strategy)
+            if case.inputs["k"].shape[2] <= variants.SINK_TOKENS_BLOCK:
+                continue
+            kernel_shaped += 1
+            left = case.inputs["window"][0]
+            assert case.inputs["sink_token_length"] >= 1 and left == variants.SINK_TOKENS_WINDOW_LEFT
+            assert case.inputs["query_offset"] - left >= variants.SINK_TOKENS_BLOCK  # row 0's window starts past it
+            assert f"window={case.inputs['window']}" in case.label and f"offset={case.inputs['query_offset']} " in \
+                case.label
+    assert kernel_shaped >= 3

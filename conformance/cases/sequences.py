@@ -63,10 +63,13 @@ SEQUENCE_VARIANT_NAMES = ("window", "softcap", "alibi_slopes", "learnable_sink")
 
 
 # (Lq_b, Lk_b) per sequence; each pattern has an empty sequence and one with Lq_b != Lk_b. The third, the non-causal
-# brief corner's (index 2), has a sequence with two more queries than any sequence has keys (_corner_window).
+# brief corner's (index 2), has a sequence with two more queries than any sequence has keys (_corner_window). The
+# second, every brief set's first, has a sequence past a query block of 128 rows and two key blocks of 64 with a
+# partial third (a varlen kernel that dropped the last Lk % 64 keys of a sequence longer than 64 passed default runs
+# whose sequences stayed within 17 keys).
 SEQUENCE_PATTERNS = (
     ((3, 5), (0, 4), (5, 2), (4, 0)),
-    ((1, 7), (4, 0), (6, 3)),
+    ((1, 7), (4, 0), (6, 3), (129, 133)),
     ((5, 2), (0, 0), (2, 3), (3, 3)),
     ((7, 7), (0, 3), (5, 2)),
     ((2, 2), (6, 1), (0, 5), (3, 0)),
@@ -76,10 +79,12 @@ SEQUENCE_PATTERNS = (
 # (block_size, seqused_k per sequence, Lq, shared pages): a page boundary at the last key of one sequence, a partial
 # last page of another, an empty cache or more queries than keys.
 # The non-causal brief corner's (index 2) has more queries than the block table holds keys, plus two
-# (_corner_window).
+# (_corner_window). The second, every brief set's first, decodes against a cache of 34 pages, past two key blocks of 64
+# (a kernel that staged 16 block-table entries and read the table modulo 16 passed default runs whose tables held at
+# most 10).
 PAGED_PATTERNS = (
     (2, (4, 3, 0), 3, True),
-    (4, (5, 8, 1), 1, False),
+    (4, (5, 8, 1, 133), 1, False),
     (2, (2, 1), 6, True),
     (1, (3, 0, 5), 2, True),
     (3, (3, 7), 5, True),
