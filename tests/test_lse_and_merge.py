@@ -144,6 +144,34 @@ def test_each_lse_bug_is_filed_under_its_clause(member, case, clause):
     assert "max abs error of the lse" in result.stdout
 
 
+class _RightEdgeZeroUnbounded:
+    """sdpa with the lse, whose window reads a right edge of 0 as unbounded (``right or None``)."""
+
+    DTYPES = ("float32",)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, window=None, return_lse=False):
+        from zoo import correct_sink_chunk_leftpad_reference as base
+
+        def window_keep(query, key, window, sink_token_length):
+            return base.window_keep(query, key, (window[0], window[1] or None), sink_token_length)
+
+        return base.attend(q, k, v, mask, is_causal, scale, window, None, None, 0, None, None, None, 0, None, None,
+                           return_lse, window_keep=window_keep)
+
+
+def test_an_output_fault_of_an_lse_case_is_filed_under_the_keyword_at_fault():
+    """The output of a case that asks for the lse too is attributed as any output is: a window's right edge of 0 read
+    as unbounded fails sdpa.window, named, not sdpa.definition (as it did while that output was judged without the
+    probes that take one keyword out)."""
+    impl = from_object(_RightEdgeZeroUnbounded, "right_edge_zero", "tests.test_lse_and_merge:_RightEdgeZeroUnbounded")
+    case = lse_case("lse.variants", window=(2, 0))
+    with pytest.raises(ConformanceFailure) as raised:
+        LseJudge(impl, "float32", "cpu").check(case)
+    assert raised.value.clause == "sdpa.window", raised.value
+    assert "passes without window" in str(raised.value)
+
+
 def merge_case(clause="merge.union", sink_mode="none", empty_first=False, level=0.0) -> Case:
     inputs = attention_case(learnable_sink=np.array([0.5, 2.0, -1.0, 1.0]) if sink_mode != "none" else None)
     parts = np.array([1, 2, 1, 2, 1, 2, 1]) if empty_first else np.array([0, 1, 2, 0, 1, 2, 0])
