@@ -355,6 +355,42 @@ def test_a_fault_is_blamed_on_the_feature_at_fault(spec, case, expected, kept_re
     assert f"[{expected}]" in str(found)
 
 
+class _SoftcapAfterAlibi:
+    """The variants out of their order: softcap applied after the ALiBi bias (one head, no mask)."""
+
+    DTYPES = ("float64",)
+
+    @staticmethod
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, softcap=None, alibi_slopes=None):
+        from zoo import correct_variants_reference as variants
+
+        s = q @ np.swapaxes(k, -1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        if alibi_slopes is not None:
+            s = s + variants.alibi(alibi_slopes, q.shape[1], q.shape[2], k.shape[2], 0)
+        if softcap is not None:
+            s = softcap * np.tanh(s / softcap)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        return (w / w.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("spec, expected", [
+    # One keyword's fault in a case drawn for the order of the variants: the case passes without it alone.
+    ("zoo.broken_variant_window_exclusive_right", "sdpa.window"),
+    ("zoo.broken_variant_alibi_signed_distance", "sdpa.alibi"),
+    # Two keywords out of order: the case passes without either, so the fault stays with the order.
+    ("tests.test_containment:_SoftcapAfterAlibi", "sdpa.variant-order"),
+])
+def test_a_fault_in_a_case_drawn_for_the_variant_order_is_a_keywords_when_taking_it_out_alone_mends_it(
+        spec, expected, kept_records):
+    """The order's own probe takes every variant keyword out, which mends any one keyword's fault too: a window's
+    right edge of 0 read as unbounded was filed as "where sdpa.variant-order and sdpa.window meet"."""
+    case = sdpa_case(("sdpa.variant-order",), lq=4, lk=6, window=(2, 1), softcap=2.0, alibi_slopes=np.array([0.5]))
+    if spec.startswith("tests."):
+        case = sdpa_case(("sdpa.variant-order",), lq=4, lk=6, softcap=2.0, alibi_slopes=np.array([0.5]))
+    found = failure(Judge(load_implementation(spec), "float64", "cpu"), case)
+    assert found.clause == expected, str(found)
+
+
 def test_a_correct_implementation_is_never_diagnosed(kept_records):
     judge = Judge(load_implementation("examples.my_attention"), "float64", "cpu")
     judge.check(sdpa_case(("softmax.large-inputs",), is_causal=True, mask=np.tri(3, 5, dtype=bool)))

@@ -40,6 +40,9 @@ SEQUENCE_DEFINITIONS = {"sdpa_varlen": "varlen.definition", "sdpa_paged": "paged
 
 # The variant keywords each variant clause is about: its own probe takes them out (a case that then
 # passes keeps the failure with the clause, whatever else the case carries).
+ORDER_CLAUSE = "sdpa.variant-order"  # the order in which the variant keywords act together
+
+
 VARIANT_CLAUSE_KEYWORDS = {
     "sdpa.window": ("window",), "sdpa.softcap": ("softcap",), "sdpa.alibi": ("alibi_slopes",),
     "sdpa.query-offset": ("query_offset",), "sdpa.varlen": ("key_lengths", "query_lengths"),
@@ -204,6 +207,12 @@ class Attribution:
         layout = self._layout_fault(case)
         if layout:
             return layout  # every clause the case was drawn for fails in the wrong layout
+        if case.clauses[0] == ORDER_CLAUSE:
+            # The order's own probe takes every variant keyword out, which mends any one keyword's fault as well: a
+            # fault that one feature's removal alone mends is that feature's; one that several mend is the order's.
+            mending = [(clause, how) for clause, how, variant in self._variants(case)
+                       if _scores_matter(variant) and self._passes(variant)]
+            return mending[0] if len(mending) == 1 else None
         own = self._own_probe(case)
         if own is not None and self._passes(own):
             return None  # the feature the case was drawn for is at fault: the failure stays with it
