@@ -201,3 +201,32 @@ def test_a_defective_fp8_fixture_names_its_field(tmp_path, value, expected, desc
     good = FP8_FIXTURE.replace("VALUE", "1.0").replace("EXPECTED", "4.0").replace("DESCALES", "")
     path.write_text(textwrap.dedent(good))
     assert load_fixture_file(path, clauses())[0].dtypes == (E4M3, E5M2)
+
+
+def test_an_eight_bit_case_takes_its_float_mask_in_float32_and_a_mask_before_the_descales_fails():
+    """A float mask of an 8-bit case reaches the implementation, the oracle and the repro in float32 (the formats
+    hold no -inf), and the 8-bit property draws it: a kernel that added it to the raw q.k before the descales
+    (multiplying it by them) passed default runs that drew no float mask."""
+    from attention_conformance.conformance.cases import fp8
+
+    assert "float" in fp8.fp8_cases.__wrapped__.__kwdefaults__["mask_kinds"]
+    rng = np.random.default_rng(5)
+    case = _case(rng, b=1, hq=2, hkv=1, lq=2, lk=4)
+    mask = np.where(rng.random((1, 2, 2, 4)) < 0.7, rng.standard_normal((1, 2, 2, 4)), -np.inf)
+    mask[..., 0] = 1.5
+    case.inputs["mask"] = mask
+    rounded = case.rounded(E4M3)
+    assert rounded["mask"].dtype == np.float32 and np.array_equal(rounded["mask"], mask.astype(np.float32))
+    snippet = repro("zoo.correct_fp8_fa3_emulation", "sdpa", rounded, E4M3, "cpu")
+    assert "mask = np.array(" in snippet and "dtype=np.float32)" in snippet.split("mask = ", 1)[1].split("\n", 1)[0]
+
+    def sdpa(q, k, v, mask=None, is_causal=False, scale=None, *, q_descale=None, k_descale=None, v_descale=None):
+        factor = float(np.asarray(q_descale).flat[0] * np.asarray(k_descale).flat[0])
+        assert factor != 1.0
+        wrong = None if mask is None else np.asarray(mask, dtype=np.float64) * factor  # added before the descales
+        return np.asarray(oracle.sdpa(q, k, v, wrong, is_causal, scale, q_descale=q_descale, k_descale=k_descale,
+                                      v_descale=v_descale), dtype=ml_dtypes.bfloat16)
+
+    impl = from_object(type("MaskFirst", (), {"DTYPES": (E4M3,), "sdpa": staticmethod(sdpa)}), "mask_first", "x")
+    with pytest.raises(ConformanceFailure):
+        Judge(impl, E4M3, "cpu", "self-check").check(case)

@@ -103,6 +103,8 @@ def attend(q, k, v, mask=None, is_causal=False, scale=None, window=None, softcap
     step = {"factors": descale_factors, "capped": capped, "round_p": round_p,
             "finalize": lambda acc, row_sum, vd: np.divide(acc * vd, row_sum, out=np.zeros_like(acc),
                                                            where=row_sum > 0), **steps}
+    if mask is not None and np.asarray(mask).dtype != np.bool_:
+        raise NotImplementedError("FlashAttention 3's FP8 forward takes no float mask")  # unsupported, never failed
     fmt = np.asarray(q).dtype
     hq, lq, lk = q.shape[1], q.shape[2], k.shape[2]
     qd, kd, vd = step["factors"](q_descale, k_descale, v_descale, hq)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from attention_conformance.implementations.arrays import numpy_dtype
+from attention_conformance.implementations.arrays import is_eight_bit, numpy_dtype
 
 ARRAY_INPUTS = ("x", "q", "k", "v", "mask", "query", "key", "value", "params", "alibi_slopes", "query_lengths",
                 "key_lengths", "learnable_sink", "key_leftpad",
@@ -75,6 +75,8 @@ class Case:
                 return np.asarray(value).astype(np.int32)
             if name in FLOAT32_PARAMETERS and value is not None:
                 return np.asarray(value).astype(np.float64 if dtype == "float64" else np.float32)
+            if name == "mask" and is_eight_bit(dtype) and isinstance(value, np.ndarray) and value.dtype != np.bool_:
+                return value.astype(np.float32)  # an 8-bit case's float mask: float32 (the 8-bit formats hold no -inf)
             if isinstance(value, np.ndarray) and value.dtype != np.bool_:
                 # A -1e9 mask entry becomes -inf in float16, as the framework's own cast makes it.
                 with np.errstate(over="ignore"):

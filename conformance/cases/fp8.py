@@ -67,11 +67,13 @@ def quantized(x: np.ndarray, kv_heads: int, form: str, dtype: str, rng: np.rando
 
 
 @st.composite
-def fp8_cases(draw, *, variants=(), clauses=("sdpa.fp8-descale",), mask_kinds=("none", "key-padding", "bool-full"),
-              causal=st.booleans(), scale=FP8_SCALES, forms=st.sampled_from(DESCALE_FORMS), **base) -> Case:
+def fp8_cases(draw, *, variants=(), clauses=("sdpa.fp8-descale",),
+              mask_kinds=("none", "key-padding", "bool-full", "float"), causal=st.booleans(), scale=FP8_SCALES,
+              forms=st.sampled_from(DESCALE_FORMS), **base) -> Case:
     """An sdpa case of 8-bit q, k, v (the 8-bit dtype under test) with descale factors, on a case of variant_cases
     using ``variants`` (VARIANTS; none by default). ``forms``: how each tensor's factors are set (DESCALE_FORMS).
-    Float masks are not drawn (an 8-bit case's inputs are q, k, v and their factors; FlashAttention 3 takes none)."""
+    A float mask (float32, Case.rounded) is added to the scores of the dequantized inputs: a kernel that added it
+    before the descales, multiplying it by them, passed default runs that drew none."""
     dtype = _eight_bit_dtype()
     case = draw(variant_cases(variants=variants, clauses=clauses, mask_kinds=mask_kinds, causal=causal,
                               scale=scale, outermost=False, **base), label="base case")
