@@ -13,6 +13,7 @@ and never skips: it only answers "does the implementation pass this case?".
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -210,8 +211,8 @@ class Attribution:
         if case.clauses[0] == ORDER_CLAUSE:
             # The order's own probe takes every variant keyword out, which mends any one keyword's fault as well: a
             # fault that one feature's removal alone mends is that feature's; one that several mend is the order's.
-            mending = [(clause, how) for clause, how, variant in self._variants(case)
-                       if _scores_matter(variant) and self._passes(variant)]
+            mending = list(itertools.islice(((clause, how) for clause, how, variant in self._variants(case)
+                                             if _scores_matter(variant) and self._passes(variant)), 2))
             return mending[0] if len(mending) == 1 else None
         own = self._own_probe(case)
         if own is not None and self._passes(own):

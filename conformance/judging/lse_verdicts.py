@@ -19,7 +19,6 @@ from attention_conformance.conformance.cases.case import Case
 from attention_conformance.conformance.judging.containment import RESULT_CLAUSE, is_array
 from attention_conformance.conformance.judging.expected import reference
 from attention_conformance.conformance.judging.verdict import Judge, exceeds_allowed
-from attention_conformance.conformance.reference.output_forms import SEQUENCE_OPS
 from attention_conformance.implementations.arrays import ARRAY_KINDS, dtype_name
 
 LSE_OPS = ("sdpa", "sdpa_varlen", "sdpa_paged")
@@ -34,6 +33,11 @@ def with_lse(case: Case, clauses: tuple[str, ...] | None = None) -> Case:
     """The case asking for the lse too (return_lse=True), filed under ``clauses`` (the case's own by default)."""
     return Case(case.op, {**case.inputs, "return_lse": True}, clauses or case.clauses, case.label, case.mask_kind,
                 case.notes)
+
+
+def without_lse(inputs: dict) -> dict:
+    """The inputs of the same call asking for the output alone."""
+    return {name: value for name, value in inputs.items() if name != "return_lse"}
 
 
 class LseJudge(Judge):
@@ -168,22 +172,19 @@ class LseJudge(Judge):
         """Run once; judge the output under its operation's definition clause and the lse under the case's own."""
         __tracebackhide__ = True
         got, inputs = self.run(case)
-        if case.op in OUTPUT_CLAUSES:
-            # The output drawn for its definition clause and attributed as any output is (its probes call without
-            # return_lse): a fault that the case passes without one of its keywords is that keyword's (a window's
-            # right edge of 0 read as unbounded was filed under sdpa.definition here).
-            plain = {name: value for name, value in case.inputs.items() if name != "return_lse"}
-            output = Case(case.op, plain, (OUTPUT_CLAUSES[case.op],), case.label, case.mask_kind, case.notes)
-            self.judge(output, got, inputs)
-        else:
-            self.judge(case, got, inputs)
+        # The output drawn for its definition clause and attributed as any output is (its probes call without
+        # return_lse): a fault that the case passes without one of its keywords is that keyword's (a window's right
+        # edge of 0 read as unbounded was filed under sdpa.definition here).
+        output = Case(case.op, without_lse(case.inputs), (OUTPUT_CLAUSES[case.op],), case.label, case.mask_kind,
+                      case.notes)
+        self.judge(output, got, inputs)
         self.judge_lse(case, inputs, clause)
         return got, inputs
 
     def _snippet(self, case: Case, inputs: dict, arrays_file: str | None = None) -> str:
         """The output's script (Judge._snippet, on the inputs without return_lse), then, for sdpa, the lse's: the call
         with return_lse=True against the oracle's lse in the declared convention."""
-        text = super()._snippet(case, {n: x for n, x in inputs.items() if n != "return_lse"}, arrays_file)
+        text = super()._snippet(case, without_lse(inputs), arrays_file)
         if case.op != "sdpa":
             return text + "\n# the lse of this case: `attention-conformance repro ID` replays its verdict"
         arrays = [n for n, x in inputs.items() if isinstance(x, (np.ndarray, dict))]

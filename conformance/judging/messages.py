@@ -10,6 +10,7 @@ import numpy as np
 from attention_conformance.conformance.cases.case import DESCALES
 from attention_conformance.conformance.judging.records import REPRO_HEADING, CaseRecord
 from attention_conformance.conformance.specdata import clauses
+from attention_conformance.implementations.arrays import is_eight_bit
 
 
 class ConformanceFailure(AssertionError):
@@ -52,7 +53,7 @@ def own_dtype(name: str, value: np.ndarray, dtype: str) -> str:
     # Lengths (int32), ALiBi slopes, sink logits and merged states' lse (float32/float64) keep their own dtype
     # (docs/contract.md).
     own = value.dtype.kind in "iu" or name in ("alibi_slopes", "learnable_sink", "lse", *DESCALES)
-    own = own or (name == "mask" and dtype.startswith("float8_"))  # an 8-bit case's float mask: float32 (Case.rounded)
+    own = own or (name == "mask" and is_eight_bit(dtype))  # an 8-bit case's float mask: float32 (Case.rounded)
     return str(value.dtype) if own else dtype
 
 
