@@ -58,6 +58,18 @@ def test_fp8_decode_against_a_long_cache(impl, device, dtype, case):
     check(impl, device, dtype, case)
 
 
+# P rounded to 8 bits after FlashAttention 3's offset of 2^8: against a long cache whose keys all lie far below one
+# dominant key, weights that P = e^(s - m) would flush to 0 in the format stay normal numbers. Descales of 1 keep
+# the gap as drawn (calibrated ones spread each head's magnitude over a decade).
+@property_test(covering_set="brief", requires=needs_descales())
+@sdpa_op
+@settings(max_examples=max(2, settings.default.max_examples // 3))
+@given(case=fp8_cases(mask_kinds=("none",), causal=st.just(False), query_mode="decode", forms=st.just("one"),
+                      dominant_key=True, clauses=("sdpa.fp8-descale", "sdpa.cross-attention")))
+def test_fp8_small_weights_beside_a_dominant_key(impl, device, dtype, case):
+    check(impl, device, dtype, case)
+
+
 # FlashAttention 3 takes a window and a softcap with 8-bit inputs; the descales act before the cap
 # (softcap_val *= q_descale * k_descale).
 @property_test(covering_set="brief", requires=needs_descales("window", "softcap"))

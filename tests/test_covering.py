@@ -260,21 +260,48 @@ def test_the_variant_properties_take_kernel_corners_unless_the_implementation_co
     (kernel_corners=UNLESS_COMPILED): kernel-shaped corners, past a key block of 64, for an implementation that takes
     the small shapes and calls cheaply (independent tiled kernels that skipped the softcap on whole key blocks, added
     the sink once per block, or cut a window's last key block passed with small corners); for a compiling
-    implementation the first alone, past a query block (an independent Pallas kernel whose causal key-block bound
-    floored query_offset to its block of 16 passed every run on small corners), the others small, each kernel-shaped
-    corner another compile."""
+    implementation the first two past a query block (an independent Pallas kernel whose causal key-block bound
+    floored query_offset to its block of 16 passed every run on small corners; the second: test below), the third
+    small, each kernel-shaped corner in place of a small one: no further compile."""
     from attention_conformance.conformance import test_variants
 
     kernel = properties.covering_corners(_Cheap(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
     compiled = properties.covering_corners(_Compiling(), EVERYTHING, "brief", properties.UNLESS_COMPILED)
     assert kernel and all(hints["kernel"] and max(hints["lengths"]) > 64 for hints in kernel)
     assert compiled[0]["kernel"] and min(compiled[0]["lengths"]) > covering.QUERY_BLOCK_ROWS
-    assert len(compiled) == 3 and not any(hints["kernel"] for hints in compiled[1:])
+    assert compiled[1] == covering.compiled_window_hints(EVERYTHING) and min(compiled[1]["lengths"]) > 128
+    assert len(compiled) == 3 and not compiled[2]["kernel"]
     assert properties.covering_corners(_Cheap(), EVERYTHING, "brief") == [
         h for i, h in enumerate(covering.covering_hints(EVERYTHING, small=True)) if i in properties.BRIEF_CORNERS]
     assert all(getattr(test_variants, name).kernel_corners == properties.UNLESS_COMPILED
                for name in ("test_window", "test_softcap", "test_alibi", "test_varlen", "test_learnable_sink",
                             "test_query_offset", "test_query_offset_is_a_shifted_causal_mask"))
+
+
+def test_a_compiling_implementations_window_corner_has_a_right_edge_across_key_blocks():
+    """An independently written compiled JAX kernel (query blocks of 64, key blocks of 128) that ended each query
+    block's key loop at its first row's right window edge passed every run while its non-causal brief corner was small
+    with right edge 0: that corner is now past a query block, Lq < Lk, right edge 33, so the rows of one query block
+    reach a key block their first row does not; zoo/broken_tiled_window_right_block_from_first_row fails it (and
+    nothing else of its run)."""
+    from attention_conformance.conformance.judging.verdict import Judge
+
+    strategy = variants.variant_cases(variants=("window",), clauses=("sdpa.window",))
+    with drawing_inside(EVERYTHING), covering.building(covering.compiled_window_hints(EVERYTHING)):
+        case = covering.DeterministicDraw(2)(strategy)
+    q, k = case.inputs["q"], case.inputs["k"]
+    lq, lk = q.shape[2], k.shape[2]
+    left, right = case.inputs["window"]
+    assert not case.inputs.get("is_causal") and right == covering.WINDOW_RIGHT_ACROSS_BLOCKS and left >= lq + lk
+    assert lq > covering.QUERY_BLOCK_ROWS and lk > lq
+    for query_block, key_block in ((64, 128), (128, 128), (128, 64)):
+        first_rows = np.arange(lq) // query_block * query_block
+        assert np.any((first_rows + right) // key_block < np.minimum(np.arange(lq) + right, lk - 1) // key_block)
+    judge = Judge(load_implementation("zoo.broken_tiled_window_right_block_from_first_row"), "float32", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(case)
+    assert raised.value.clause == "sdpa.window"
+    Judge(load_implementation("zoo.correct_variants_reference"), "float32", "cpu").check(case)
 
 
 @pytest.mark.parametrize("implementation, region", [(_Cheap(), EVERYTHING), (_Compiling(), FLASH)],

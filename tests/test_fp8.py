@@ -231,3 +231,23 @@ def test_an_eight_bit_case_takes_its_float_mask_in_float32_and_a_mask_before_the
     impl = from_object(type("MaskFirst", (), {"DTYPES": (E4M3,), "sdpa": staticmethod(sdpa)}), "mask_first", "x")
     with pytest.raises(ConformanceFailure):
         Judge(impl, E4M3, "cpu", "self-check").check(case)
+
+
+def test_small_weights_beside_a_dominant_key_survive_fa3s_offset_and_flush_without_it():
+    """Against 1023 keys 7.5 below one dominant key (a case of test_fp8_small_weights_beside_a_dominant_key), P =
+    2^8 e^(s - m) keeps the small weights normal in float8_e4m3fn and FlashAttention 3's pipeline stays well inside
+    the allowance; P = e^(s - m) rounded flushes them to 0 (zoo/broken_fp8_p_without_offset) and is rejected."""
+    from attention_conformance.conformance.cases.fp8 import _dominant_key
+    from zoo import broken_fp8_p_without_offset as no_offset
+
+    rng = np.random.default_rng(2)
+    inputs = {"q": rng.standard_normal((1, 2, 1, 64)), "k": rng.standard_normal((1, 1, 5, 64)),
+              "v": rng.standard_normal((1, 1, 5, 64))}
+    draws = iter([1024, 5, 7.5, 3])  # the keys, the values seed, the gap, the dominant key
+    words = _dominant_key(lambda strategy, label: next(draws), inputs, E4M3)
+    assert words == "dominant key 3, the others 7.5 below" and inputs["k"].shape == (1, 1, 1024, 64)
+    for name in "qkv":
+        inputs[name], inputs[f"{name}_descale"] = quantized(inputs[name], 1, "one", E4M3, rng)
+    case = Case("sdpa", inputs, ("sdpa.fp8-descale",), "dominant key")
+    assert _ratio(_fa3(case, E4M3), case, E4M3) < 0.5
+    assert _ratio(_fa3(case, E4M3, round_p=no_offset.round_p_without_offset), case, E4M3) > 3

@@ -285,6 +285,9 @@ def test_a_failure_names_the_packed_row_and_its_sequence():
     ("broken_varlen_causal_top_left", packed_case("varlen.definition", is_causal=True), "varlen.alignment"),
     ("broken_varlen_seqused_ignored", packed_case("varlen.seqused-k", seqused_k=np.array([1, 1, 1, 0, 2])),
      "varlen.seqused-k"),
+    # Drawn for the definition, its sequence 1 emptied by seqused_k = 0: passes packed without seqused_k.
+    ("broken_varlen_seqused_zero_as_absent",
+     packed_case("varlen.definition", seqused_k=np.array([1, 0, 1, 0, 2], dtype=np.int32)), "varlen.seqused-k"),
     ("broken_paged_first_block_only", paged_case("paged.block-table"), "paged.block-table"),
     ("broken_paged_boundary_off_by_one", paged_case("paged.block-table"), "paged.block-table"),
     ("broken_paged_reads_partial_page", paged_case("paged.seqused-k"), "paged.seqused-k"),
@@ -292,6 +295,27 @@ def test_a_failure_names_the_packed_row_and_its_sequence():
 ])
 def test_a_bug_is_filed_under_its_clause_and_the_repro_shows_it(member, case, clause):
     filed_under_and_reproduced(member, case, clause)
+
+
+def test_a_fault_of_the_empty_rows_stays_theirs_where_seqused_k_empties_them():
+    """The seqused_k probe (the case packed without it, the same math) acquits how seqused_k is read only where the
+    probe passes: NaN in every row without a key (FULLY_MASKED_ROWS undeclared) fails the probe's empty rows alike."""
+    class NanRows:
+        @staticmethod
+        def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None,
+                        *, seqused_k=None):
+            out = reference.sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                                        scale, seqused_k=seqused_k)
+            used = np.diff(cu_seqlens_k) if seqused_k is None else seqused_k
+            for b in np.flatnonzero(used == 0):
+                out[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] = np.nan
+            return out
+
+    judge = Judge(from_object(NanRows, "nan_rows", "tests.test_varlen_paged:NanRows"), "float32", "cpu")
+    with pytest.raises(ConformanceFailure) as raised:
+        judge.check(packed_case("varlen.definition", seqused_k=np.array([1, 0, 1, 0, 2], dtype=np.int32)))
+    assert raised.value.clause == "mask.fully-masked-row"
+    assert "without seqused_k" not in str(raised.value)
 
 
 @pytest.mark.parametrize("case", [packed_case(is_causal=True, seqused_k=np.array([1, 1, 1, 0, 2])),

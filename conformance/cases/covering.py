@@ -359,6 +359,20 @@ def hints_for(corner: dict, index: int, region: Region, small: bool, past_query_
     }
 
 
+# A compiling implementation's second brief corner of a variant property (properties.covering_corners): the third
+# corner past a query block, its queries fewer than its keys (129 against 192 at a block of 64) and its window's right
+# edge 33 keys past each query, so that the rows of one query block of 64 or 128 reach across a key block of 64 or
+# 128 (an independently written compiled kernel that took a window's last key block from its query block's first row
+# passed every run while that corner was small and its right edge 0).
+WINDOW_RIGHT_ACROSS_BLOCKS = 33
+COMPILED_WINDOW_CORNER = dict(CORNERS[2], lengths="q<k", window=("past", WINDOW_RIGHT_ACROSS_BLOCKS), kernel=True)
+
+
+def compiled_window_hints(region: Region) -> dict:
+    """COMPILED_WINDOW_CORNER made concrete for ``region``, past a query block (under the third corner's index)."""
+    return hints_for(COMPILED_WINDOW_CORNER, 2, region, False, past_query_block=True)
+
+
 def covering_hints(region: Region, small: bool, past_query_block: bool = False) -> list[dict]:
     """Every corner of CORNERS made concrete for ``region`` (``small``: it takes the small shapes;
     ``past_query_block``: _length_pair's)."""

@@ -220,9 +220,10 @@ def _same_structure(value) -> str:
 # inside its query block, masked key lengths in the last key block only, or forgot the sink in split-KV decode passed
 # default runs). Their corners "q>k" and "q=k" go one past 128 rows (covering._length_pair) and the brief set adds
 # decode. Kernel-shaped corners there and in causal-with-mask cost the compiling built-ins 29 s of CPU cold (19.5 ->
-# 48.4 s, mostly XLA compiles), the others 0.5 s warm. A compiling implementation gets one: its first brief corner (an
+# 48.4 s, mostly XLA compiles), the others 0.5 s warm. A compiling implementation gets two: its first brief corner (an
 # independently written Pallas kernel whose causal key-block bound floored query_offset to its block passed every run on
-# small corners).
+# small corners) and its second, non-causal one with a window's right edge across key blocks
+# (covering.COMPILED_WINDOW_CORNER).
 UNLESS_COMPILED = "unless compiled"
 
 
@@ -241,9 +242,12 @@ def covering_corners(impl, region, covering_set: str, kernel_corners: bool | str
     if covering_set == "brief":
         brief = BRIEF_KERNEL_CORNERS if past_query_block else BRIEF_CORNERS
         corners = [corners[i] for i in (BRIEF_CORNERS_COMPILED if compiled else brief)]
-        if variant_kernel and compiled and small:
-            # ... and one of them, the first, kernel-shaped past a query block (one program as the small one was)
-            corners[0] = covering.covering_hints(region, False, past_query_block=True)[BRIEF_CORNERS_COMPILED[0]]
+        if variant_kernel and compiled:
+            # ... the first two past a query block (one program each, as the small ones were): the first, and the
+            # non-causal one with a window's right edge across key blocks (COMPILED_WINDOW_CORNER)
+            if small:
+                corners[0] = covering.covering_hints(region, False, past_query_block=True)[BRIEF_CORNERS_COMPILED[0]]
+            corners[1] = covering.compiled_window_hints(region)
     elif compiled:
         corners = corners[:COMPILED_CORNERS]
     return corners

@@ -39,6 +39,9 @@ ALIGNMENT_CLAUSES = {"sdpa_varlen": "varlen.alignment", "sdpa_paged": "paged.ali
 SEQUENCE_DEFINITIONS = {"sdpa_varlen": "varlen.definition", "sdpa_paged": "paged.definition"}
 
 
+SEQUSED_CLAUSE = "varlen.seqused-k"  # sdpa_varlen's seqused_k: only the first seqused_k[b] keys of sequence b
+
+
 # The variant keywords each variant clause is about: its own probe takes them out (a case that then
 # passes keeps the failure with the clause, whatever else the case carries).
 ORDER_CLAUSE = "sdpa.variant-order"  # the order in which the variant keywords act together
@@ -204,7 +207,7 @@ class Attribution:
             return None
         if case.op in SEQUENCE_OPS:
             layout = self._layout_fault(case) if case.op == "sdpa_paged" else None
-            return layout or self._alignment_fault(case) or self._not_the_alignment(case)
+            return layout or self._alignment_fault(case) or self._seqused_fault(case) or self._not_the_alignment(case)
         layout = self._layout_fault(case)
         if layout:
             return layout  # every clause the case was drawn for fails in the wrong layout
@@ -292,6 +295,31 @@ class Attribution:
             return None
         return clause, (f"against each sequence's queries aligned {other} instead of the declared {self.alignment} "
                         "(SEQUENCE_ALIGNMENT)")
+
+    def _seqused_fault(self, case: Case, drawn_for_it: bool = False) -> tuple[str, str] | None:
+        """sdpa_varlen: (varlen.seqused-k, how) when the failing case passes packed without seqused_k, each sequence's
+        unused key rows taken out of k and v (the same math: Lk_b = seqused_k[b] either way). A kernel that reads
+        seqused_k wrongly (a 0 read as "not given", say) passes it; one whose fault lies elsewhere (the empty rows'
+        policy, a window) fails it alike. Not asked, unless ``drawn_for_it`` (a fully masked row's verdict), of a case
+        drawn for varlen.seqused-k: the failure is filed there."""
+        inputs = case.inputs
+        used = inputs.get("seqused_k")
+        if case.op != "sdpa_varlen" or used is None or (case.clauses[0] == SEQUSED_CLAUSE and not drawn_for_it):
+            return None
+        used = np.asarray(used, dtype=np.int64)
+        starts = np.asarray(inputs["cu_seqlens_k"], dtype=np.int64)[:-1]
+        if np.array_equal(np.diff(inputs["cu_seqlens_k"]), used):
+            return None  # every packed key is used: the probe would be the case itself
+        rows = np.concatenate([np.arange(start, start + n) for start, n in zip(starts, used)]).astype(np.int64)
+        packed = {"k": inputs["k"][rows], "v": inputs["v"][rows],
+                  "cu_seqlens_k": np.concatenate([[0], np.cumsum(used)]).astype(np.asarray(inputs["cu_seqlens_k"]).dtype),
+                  "max_seqlen_k": int(used.max(initial=0))}
+        probe = Case(case.op, {**{n: a for n, a in inputs.items() if n != "seqused_k"}, **packed}, case.clauses, f"{case.label} [unused keys unpacked]",
+                     case.mask_kind, case.notes)
+        if not self._passes(probe):
+            return None
+        return SEQUSED_CLAUSE, ("packed without seqused_k (each sequence's unused key rows taken out of k and v, "
+                                "cu_seqlens_k rebuilt): the same math, so how seqused_k is read is at fault")
 
     def _not_the_alignment(self, case: Case) -> tuple[str, str] | None:
         """A case drawn for the alignment clause that fails against both alignments: the fault is elsewhere (a page
