@@ -3,6 +3,7 @@
     python benchmarks/default_run.py --runs 5                 # warm: the JAX compilation cache kept between runs
     python benchmarks/default_run.py --runs 3 --cold          # cold: an empty JAX compilation cache for each run
     python benchmarks/default_run.py --runs 20 --json runs.jsonl   # 20 fresh runs: the false-alarm count
+    python benchmarks/default_run.py --runs 20 -- --impl builtin:torch_math   # ... with random draws (below)
 
 Each run is the command README calls the default run, ``python -m pytest -p no:cacheprovider -q`` at the root of
 this checkout (conformance/, every built-in, the plugin's ``-n auto``), made fresh:
@@ -15,6 +16,9 @@ this checkout (conformance/, every built-in, the plugin's ``-n auto``), made fre
   (``.attention-conformance/jax``, as pytest's cache is off), filled by a first, unreported run when it is empty.
 
 A run that is not green (exit status other than 0) is a false alarm on the built-ins: its failing lines are printed.
+The default run tours the built-ins on their covering corners (conformance/plugin.py), the same cases every run: for
+a false-alarm count over random draws, name built-ins (``-- --impl builtin:NAME``) or pass a profile
+(``-- --hypothesis-profile thorough``).
 Wall time is measured around the subprocess (interpreter start and exit included), and so is the CPU time of the run's
 processes (user + system of pytest and its workers), which varies less on a shared machine. Compare figures only
 between runs on the same, otherwise idle machine.

@@ -8,6 +8,7 @@ conformance/reporting/summary.py, the report conformance/reporting/json_report.p
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import sys
 from importlib import metadata
@@ -51,10 +52,36 @@ def discover(config) -> list[Implementation]:
     if specs:
         return [load_implementation(spec) for spec in specs]
     found = [] if config.getoption("no_builtins") else builtin_implementations()
+    if found and touring_builtins(config):
+        found = builtin_tour(found)
     builtin_count = len(found)
     found.extend(_entry_point_implementations())
     config.stash[USER_NAMED_KEY] = {impl.name for impl in found[builtin_count:]}
     return found
+
+
+# The dev profile (the default) tours the built-ins: a bare `pytest` shows the frameworks' attention judged on every
+# test, dtype and covering corner, each corner once and then Hypothesis's first example (its simplest case: in effect
+# the corners alone), and leaves out the suite's own arithmetic (REFERENCE_BUILTINS) where a framework is installed.
+# What it is for, and what each part costs against a peer suite's run: docs/speed.md. --impl and entry points name
+# implementations to validate: they get the profile's full budget, as do the built-ins under --hypothesis-profile ci
+# or thorough (CI's run, the GPU run).
+def touring_builtins(config) -> bool:
+    """Whether this run is the dev profile's tour of the built-ins (no other profile named)."""
+    return (config.getoption("hypothesis_profile", default=None) or "dev") == "dev"
+
+
+def builtin_tour(impls: list[Implementation]) -> list[Implementation]:
+    """The built-ins a dev-profile run without --impl judges, each marked ``corners_only`` (properties.py); the
+    reference built-ins only where neither torch nor JAX is installed (then they are all a bare run can judge).
+    find_spec: the controller imports no framework."""
+    from attention_conformance.implementations.builtin import REFERENCE_BUILTINS
+
+    framework = any(importlib.util.find_spec(name) is not None for name in ("torch", "jax"))
+    kept = [impl for impl in impls if not (framework and impl.name in REFERENCE_BUILTINS)]
+    for impl in kept:
+        impl.corners_only = True
+    return kept
 
 
 def _entry_point_implementations() -> list[Implementation]:

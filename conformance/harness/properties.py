@@ -21,7 +21,9 @@ FLOOR_PER_PROPERTY judged examples per forward property: six corners, replayed w
 new compile), then a tenth of the profile's random examples. One whose region is narrow
 (kernel-shaped cases only) and calls are cheap runs every corner and random draws up to
 NARROW_FLOOR_PER_PROPERTY. Either way a default run judges at least 300 sdpa cases of every
-implementation (the summary prints the count).
+implementation (the summary prints the count). An implementation marked ``corners_only`` (a built-in in a run of
+the dev profile without --impl: the tour of the built-ins, conformance/plugin.py) runs each corner once, with no
+replay, and then Hypothesis's first example alone.
 """
 from __future__ import annotations
 
@@ -169,7 +171,7 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
                     corners = covering_corners(impl, region, depth, kernel_corners)
                 floor = (FLOOR_PER_PROPERTY if impl is None or impl.compiled else NARROW_FLOOR_PER_PROPERTY) \
                     if depth == "full" else 0
-                replay = floor if impl is not None and impl.compiled else 0
+                replay = floor if impl is not None and impl.compiled and not corners_only(impl) else 0
                 judged = run_covering_set(test, corners, args, kwargs, target=replay)
                 examples = random_examples(impl, region, base.max_examples, judged, min_jit_examples,
                                            floor=floor)
@@ -192,7 +194,8 @@ def property_test(test=None, *, min_jit_examples: int = MIN_JIT_EXAMPLES, requir
 
 def random_examples(impl, region, profile_examples: int, judged: int, min_jit_examples: int,
                     floor: int = FLOOR_PER_PROPERTY) -> int:
-    """How many random examples Hypothesis draws after ``judged`` covering cases (module docstring)."""
+    """How many random examples Hypothesis draws after ``judged`` covering cases (module docstring); one for an
+    implementation marked ``corners_only``."""
     compiled = impl is not None and impl.compiled
     if compiled:
         random = max(min_jit_examples, profile_examples // JIT_EXAMPLE_DIVISOR)
@@ -200,7 +203,13 @@ def random_examples(impl, region, profile_examples: int, judged: int, min_jit_ex
         random = max(MIN_RANDOM_EXAMPLES, profile_examples - judged)
     if compiled or not small_shapes_inside(region):
         random = max(random, floor - judged)
-    return max(1, random)
+    return 1 if corners_only(impl) else max(1, random)
+
+
+def corners_only(impl) -> bool:
+    """Whether the run tours ``impl`` (a built-in in a dev-profile run without --impl, conformance/plugin.py): each
+    corner once, no replay, one Hypothesis example."""
+    return bool(getattr(impl, "corners_only", False))
 
 
 # ------------------------------------------------------------------ the covering set

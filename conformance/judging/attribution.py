@@ -311,11 +311,11 @@ class Attribution:
         if np.array_equal(np.diff(inputs["cu_seqlens_k"]), used):
             return None  # every packed key is used: the probe would be the case itself
         rows = np.concatenate([np.arange(start, start + n) for start, n in zip(starts, used)]).astype(np.int64)
-        packed = {"k": inputs["k"][rows], "v": inputs["v"][rows],
-                  "cu_seqlens_k": np.concatenate([[0], np.cumsum(used)]).astype(np.asarray(inputs["cu_seqlens_k"]).dtype),
+        offsets = np.concatenate([[0], np.cumsum(used)]).astype(np.asarray(inputs["cu_seqlens_k"]).dtype)
+        packed = {**{name: value for name, value in inputs.items() if name != "seqused_k"},
+                  "k": inputs["k"][rows], "v": inputs["v"][rows], "cu_seqlens_k": offsets,
                   "max_seqlen_k": int(used.max(initial=0))}
-        probe = Case(case.op, {**{n: a for n, a in inputs.items() if n != "seqused_k"}, **packed}, case.clauses, f"{case.label} [unused keys unpacked]",
-                     case.mask_kind, case.notes)
+        probe = Case(case.op, packed, case.clauses, f"{case.label} [unused keys unpacked]", case.mask_kind, case.notes)
         if not self._passes(probe):
             return None
         return SEQUSED_CLAUSE, ("packed without seqused_k (each sequence's unused key rows taken out of k and v, "

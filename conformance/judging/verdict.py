@@ -530,8 +530,9 @@ class Judge(Containment, Attribution):
             clause = "mask.fully-masked-row"
             # A packed or paged case's rows without keys are where its sequences' alignment puts them: one that passes
             # against the other alignment is that clause's fault.
-            misaligned = (self._alignment_fault(case, drawn_for_it=True) or self._seqused_fault(case, drawn_for_it=True)) \
-                if case.op in SEQUENCE_OPS else None
+            misaligned = None
+            if case.op in SEQUENCE_OPS:  # ... or, of a packed batch, how seqused_k is read
+                misaligned = self._alignment_fault(case, drawn_for_it=True) or self._seqused_fault(case, True)
             if misaligned:
                 clause, problem = misaligned[0], f"{problem}; the same case passes {misaligned[1]}"
             self.fail(clause, case, inputs, problem,

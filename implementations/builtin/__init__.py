@@ -18,6 +18,9 @@ installed costs nothing until a built-in of it is called, and is then reported s
   conventions, declared by the torch and JAX paths alike.
 
 ``BUILTINS`` is the catalogue ``builtin:NAME`` and a run without ``--impl`` load (implementations/registry.py).
+``REFERENCE_BUILTINS`` are the suite's own arithmetic, which call no framework's attention: the float64 oracle and
+the NumPy and jax.numpy ports of a kernel's arithmetic. The dev profile's run without ``--impl`` leaves them out
+where torch or JAX is installed (conformance/plugin.py); ``--hypothesis-profile ci`` runs them, as CI does.
 """
 from __future__ import annotations
 
@@ -67,3 +70,6 @@ BUILTINS = (
     JaxRingAttention,
     JaxUlyssesAttention,
 )
+
+
+REFERENCE_BUILTINS = (NumpyOracle.NAME, NumpyNative.NAME, JaxNumpy.NAME)
