@@ -52,8 +52,8 @@ def discover(config) -> list[Implementation]:
     if specs:
         return [load_implementation(spec) for spec in specs]
     found = [] if config.getoption("no_builtins") else builtin_implementations()
-    if found and touring_builtins(config):
-        found = builtin_tour(found)
+    if found and touring_builtins(config) and not config.getoption("list_impls", default=False):
+        found = builtin_tour(found)  # (--list-impls prints the whole catalogue)
     builtin_count = len(found)
     found.extend(_entry_point_implementations())
     config.stash[USER_NAMED_KEY] = {impl.name for impl in found[builtin_count:]}

@@ -89,3 +89,11 @@ def test_list_impls_prints_the_declarations_from_the_command_line(tmp_path):
     assert "sdpa variants declared in SUPPORTS (the only ones drawn): none" in done.stdout
     assert "equal_lengths=True" in done.stdout and "GRADIENTS=False" in done.stdout
     assert "collected" not in done.stdout  # it lists and exits before running anything
+
+
+def test_a_bare_listing_names_every_builtin_the_tour_leaves_out():
+    """The dev profile's bare run leaves the reference built-ins out (conformance/plugin.py, builtin_tour); the
+    catalogue --list-impls prints still names them."""
+    done = pytest_run("--list-impls")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all(f"builtin:{name}" in done.stdout for name in ("numpy_oracle", "numpy_native", "jax_numpy", "torch_math"))
