@@ -19,7 +19,12 @@ import pytest
 from attention_conformance.conformance.cases.fixtures import fixtures
 from attention_conformance.conformance.harness import session
 from attention_conformance.conformance.harness.checks import absent_device_reason, array_devices
-from attention_conformance.conformance.harness.session import IMPLS_KEY, USER_NAMED_KEY, implementations
+from attention_conformance.conformance.harness.session import (
+    IMPLS_KEY,
+    TOUR_LEFT_OUT_KEY,
+    USER_NAMED_KEY,
+    implementations,
+)
 from attention_conformance.conformance.judging import evidence
 from attention_conformance.conformance.reporting import summary
 from attention_conformance.conformance.specdata import SpecError, clauses
@@ -53,7 +58,9 @@ def discover(config) -> list[Implementation]:
         return [load_implementation(spec) for spec in specs]
     found = [] if config.getoption("no_builtins") else builtin_implementations()
     if found and touring_builtins(config) and not config.getoption("list_impls", default=False):
-        found = builtin_tour(found)  # (--list-impls prints the whole catalogue)
+        toured = builtin_tour(found)  # (--list-impls prints the whole catalogue)
+        config.stash[TOUR_LEFT_OUT_KEY] = tuple(impl.name for impl in found if impl not in toured)
+        found = toured
     builtin_count = len(found)
     found.extend(_entry_point_implementations())
     config.stash[USER_NAMED_KEY] = {impl.name for impl in found[builtin_count:]}

@@ -26,7 +26,9 @@ def config(profile=None, impl=()):
 def test_the_dev_profile_tours_the_framework_builtins_with_one_random_example(monkeypatch):
     monkeypatch.delenv(plugin.ENV_VAR, raising=False)
     monkeypatch.setattr(plugin, "_entry_point_implementations", list)
-    toured = plugin.discover(config())
+    chosen = config()
+    toured = plugin.discover(chosen)
+    assert chosen.stash[plugin.TOUR_LEFT_OUT_KEY] == REFERENCE_BUILTINS
     everything = {impl.name for impl in builtin_implementations()}
     assert {impl.name for impl in toured} == everything - set(REFERENCE_BUILTINS)
     assert all(properties.corners_only(impl) for impl in toured)
@@ -34,6 +36,16 @@ def test_the_dev_profile_tours_the_framework_builtins_with_one_random_example(mo
         full = plugin.discover(config(profile))
         assert {impl.name for impl in full} == everything
         assert not any(properties.corners_only(impl) for impl in full)
+
+
+def test_a_bare_run_says_what_its_tour_left_out():
+    from .test_cli import pytest_run
+
+    done = pytest_run("conformance/test_dropout.py")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert ("the dev profile's tour of the built-ins: each corner once, one Hypothesis example a property; "
+            "numpy_oracle, numpy_native, jax_numpy left out") in done.stdout
+    assert "left out" not in pytest_run("conformance/test_dropout.py", "--hypothesis-profile", "ci").stdout
 
 
 def test_a_named_builtin_keeps_the_profiles_budget(monkeypatch):

@@ -22,6 +22,9 @@ IMPLS_KEY = pytest.StashKey[list]()
 USER_NAMED_KEY = pytest.StashKey[set]()  # named by the user (--impl, $ATTENTION_CONFORMANCE_IMPL, entry points)
 
 
+TOUR_LEFT_OUT_KEY = pytest.StashKey[tuple]()  # the built-ins a bare dev-profile run leaves out (plugin.builtin_tour)
+
+
 def implementations(config) -> list:
     """The implementations this run loaded (plugin.configure), in order."""
     return config.stash[IMPLS_KEY]
