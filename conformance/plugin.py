@@ -58,9 +58,7 @@ def discover(config) -> list[Implementation]:
         return [load_implementation(spec) for spec in specs]
     found = [] if config.getoption("no_builtins") else builtin_implementations()
     if found and touring_builtins(config) and not config.getoption("list_impls", default=False):
-        toured = builtin_tour(found)  # (--list-impls prints the whole catalogue)
-        config.stash[TOUR_LEFT_OUT_KEY] = tuple(impl.name for impl in found if impl not in toured)
-        found = toured
+        found, config.stash[TOUR_LEFT_OUT_KEY] = builtin_tour(found)  # (--list-impls prints the whole catalogue)
     builtin_count = len(found)
     found.extend(_entry_point_implementations())
     config.stash[USER_NAMED_KEY] = {impl.name for impl in found[builtin_count:]}
@@ -78,17 +76,18 @@ def touring_builtins(config) -> bool:
     return (config.getoption("hypothesis_profile", default=None) or "dev") == "dev"
 
 
-def builtin_tour(impls: list[Implementation]) -> list[Implementation]:
-    """The built-ins a dev-profile run without --impl judges, each marked ``corners_only`` (properties.py); the
-    reference built-ins only where neither torch nor JAX is installed (then they are all a bare run can judge).
-    find_spec: the controller imports no framework."""
+def builtin_tour(impls: list[Implementation]) -> tuple[list[Implementation], tuple[str, ...]]:
+    """(the built-ins a dev-profile run without --impl judges, each marked ``corners_only`` (properties.py); the names
+    of those it leaves out). The reference built-ins are left out where torch or JAX is installed (without either they
+    are all a bare run can judge). find_spec: the controller imports no framework."""
     from attention_conformance.implementations.builtin import REFERENCE_BUILTINS
 
     framework = any(importlib.util.find_spec(name) is not None for name in ("torch", "jax"))
-    kept = [impl for impl in impls if not (framework and impl.name in REFERENCE_BUILTINS)]
+    left_out = tuple(impl.name for impl in impls if framework and impl.name in REFERENCE_BUILTINS)
+    kept = [impl for impl in impls if impl.name not in left_out]
     for impl in kept:
         impl.corners_only = True
-    return kept
+    return kept, left_out
 
 
 def _entry_point_implementations() -> list[Implementation]:

@@ -266,7 +266,7 @@ def _terminal_lines(monkeypatch) -> list[str]:
     lines = []
     reporter = SimpleNamespace(section=lambda title, **kw: lines.append(f"== {title}"), write_line=lines.append,
                                stats={})
-    summary.terminal_summary(reporter, SimpleNamespace(getoption=lambda name, default=None: default))
+    summary.terminal_summary(reporter, SimpleNamespace(getoption=lambda name, default=None: default, stash={}))
     return lines
 
 

@@ -196,6 +196,8 @@ def random_examples(impl, region, profile_examples: int, judged: int, min_jit_ex
                     floor: int = FLOOR_PER_PROPERTY) -> int:
     """How many random examples Hypothesis draws after ``judged`` covering cases (module docstring); one for an
     implementation marked ``corners_only``."""
+    if corners_only(impl):
+        return 1
     compiled = impl is not None and impl.compiled
     if compiled:
         random = max(min_jit_examples, profile_examples // JIT_EXAMPLE_DIVISOR)
@@ -203,7 +205,7 @@ def random_examples(impl, region, profile_examples: int, judged: int, min_jit_ex
         random = max(MIN_RANDOM_EXAMPLES, profile_examples - judged)
     if compiled or not small_shapes_inside(region):
         random = max(random, floor - judged)
-    return 1 if corners_only(impl) else max(1, random)
+    return max(1, random)
 
 
 def corners_only(impl) -> bool:

@@ -307,10 +307,10 @@ class Attribution:
         if case.op != "sdpa_varlen" or used is None or (case.clauses[0] == SEQUSED_CLAUSE and not drawn_for_it):
             return None
         used = np.asarray(used, dtype=np.int64)
-        starts = np.asarray(inputs["cu_seqlens_k"], dtype=np.int64)[:-1]
         if np.array_equal(np.diff(inputs["cu_seqlens_k"]), used):
             return None  # every packed key is used: the probe would be the case itself
-        rows = np.concatenate([np.arange(start, start + n) for start, n in zip(starts, used)]).astype(np.int64)
+        spans = oracle.varlen_spans(inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], used)
+        rows = np.concatenate([np.arange(start, end) for _, _, start, end in spans]).astype(np.int64)
         offsets = np.concatenate([[0], np.cumsum(used)]).astype(np.asarray(inputs["cu_seqlens_k"]).dtype)
         packed = {**{name: value for name, value in inputs.items() if name != "seqused_k"},
                   "k": inputs["k"][rows], "v": inputs["v"][rows], "cu_seqlens_k": offsets,

@@ -532,7 +532,8 @@ class Judge(Containment, Attribution):
             # against the other alignment is that clause's fault.
             misaligned = None
             if case.op in SEQUENCE_OPS:  # ... or, of a packed batch, how seqused_k is read
-                misaligned = self._alignment_fault(case, drawn_for_it=True) or self._seqused_fault(case, True)
+                misaligned = self._alignment_fault(case, drawn_for_it=True) \
+                    or self._seqused_fault(case, drawn_for_it=True)
             if misaligned:
                 clause, problem = misaligned[0], f"{problem}; the same case passes {misaligned[1]}"
             self.fail(clause, case, inputs, problem,

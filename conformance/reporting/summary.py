@@ -33,7 +33,7 @@ def terminal_summary(tr, config) -> None:
     tr.section("attention conformance")
     if stopped:
         tr.write_line(stopped)
-    left_out = getattr(config, "stash", {}).get(session.TOUR_LEFT_OUT_KEY, ())
+    left_out = config.stash.get(session.TOUR_LEFT_OUT_KEY, ())
     if entries and left_out:  # a bare dev-profile run (conformance/plugin.py, builtin_tour)
         tr.write_line(f"the dev profile's tour of the built-ins: each corner once, one Hypothesis example a property; "
                       f"{', '.join(left_out)} left out (--hypothesis-profile ci, or --impl builtin:NAME, runs them)")
